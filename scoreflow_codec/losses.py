@@ -1,0 +1,84 @@
+"""Denoising score matching losses (Song et al. 2021; ScoreFlow likelihood weighting).
+
+Notation: x_t = alpha_t x_0 + sigma_t z, z ~ N(0, I); grad log p_0t(x_t | x_0) = -z / sigma_t;
+the model predicts eps_hat(x_t, t) and its score is s = -eps_hat / sigma_t, so
+sigma_t (s - grad log p_0t) = z - eps_hat.
+
+Every loss here is a one-sample unbiased estimate, per data point, of an integral over [eps, T]:
+
+- "likelihood" (lambda = g^2): exactly the diffusion term of the ScoreFlow bound,
+      0.5 * int_eps^T E_z[ g^2 (||s - grad log p_0t||^2 - ||grad log p_0t||^2) - 2 div f ] dt
+  in nats per data point (summed over dims). The two subtracted terms don't depend on the model
+  (same gradients as plain DSM) but make the value the bound's term and cancel most of the
+  variance near t = eps, where ||s - grad log p_0t||^2 ~ ||z||^2 / sigma^2. Averaged over the
+  data its minimum over models (the true score) is H(p_eps) - H(p_T), the entropies of the true
+  marginals (for Gaussian data: 0.5 sum log(v_eps / v_T), v_t = alpha_t^2 s^2 + sigma_t^2).
+  importance=True draws t ~ p(t) = g^2 / (sigma^2 Z) and weights by 1/p(t); importance=False
+  draws t uniformly and weights by (T - eps).
+- "original" (lambda = sigma_t^2, t uniform, the score_sde weighting):
+      0.5 * int_eps^T sigma_t^2 E_z ||s - grad log p_0t||^2 dt = (T - eps) * 0.5 E ||eps_hat - z||^2.
+"""
+from __future__ import annotations
+
+import torch
+
+from .importance import ImportanceSampler
+
+Tensor = torch.Tensor
+
+
+def _sq(v: Tensor) -> Tensor:
+    return v.reshape(v.shape[0], -1).pow(2).sum(1)
+
+
+def _bcast(v: Tensor, x: Tensor) -> Tensor:
+    return v.reshape(v.shape + (1,) * (x.dim() - 1))
+
+
+def perturb(sde, x0: Tensor, t: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(x_t, z, sigma_t) with x_t = alpha_t x0 + sigma_t z."""
+    z = torch.randn(x0.shape, generator=generator, dtype=x0.dtype, device=x0.device)
+    mean, std = sde.marginal_prob(x0, t)
+    return mean + _bcast(std, x0) * z, z, std
+
+
+def bound_integrand(model, x0: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """0.5 [g^2 (||s - grad log p_0t||^2 - ||grad log p_0t||^2) - 2 div f] at one x_t ~ p_0t(. | x0), [N]."""
+    sde = model.sde
+    xt, z, std = perturb(sde, x0, t, generator)
+    eps_hat = model(xt, t)
+    g2_over_s2 = sde.g2(t).to(x0.dtype) / (std * std)
+    return 0.5 * (g2_over_s2 * (_sq(eps_hat - z) - _sq(z)) - 2.0 * sde.div_f(xt, t))
+
+
+def dsm_loss(
+    model,
+    x0: Tensor,
+    weighting: str = "likelihood",
+    importance: bool = True,
+    generator: torch.Generator | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """Per-sample DSM loss in nats, [N]; see the module docstring for the exact scaling.
+
+    `importance` applies to the likelihood weighting only ("original" always samples t uniformly).
+    """
+    sde = model.sde
+    eps = float(sde.eps if eps is None else eps)
+    n, dev, dt = x0.shape[0], x0.device, x0.dtype
+    if weighting == "likelihood":
+        if importance:
+            sampler = ImportanceSampler(sde, eps)
+            t = sampler.sample(n, generator=generator, device=dev, dtype=dt)
+            xt, z, std = perturb(sde, x0, t, generator)
+            eps_hat = model(xt, t)
+            # (1/p(t)) * g^2/sigma^2 = Z exactly; only div f keeps a t-dependent weight.
+            w = sampler.weight(t)
+            return 0.5 * (sampler.Z * (_sq(eps_hat - z) - _sq(z)) - 2.0 * w * sde.div_f(xt, t))
+        t = eps + (sde.T - eps) * torch.rand(n, generator=generator, dtype=dt, device=dev)
+        return (sde.T - eps) * bound_integrand(model, x0, t, generator)
+    if weighting == "original":
+        t = eps + (sde.T - eps) * torch.rand(n, generator=generator, dtype=dt, device=dev)
+        xt, z, _ = perturb(sde, x0, t, generator)
+        return 0.5 * (sde.T - eps) * _sq(model(xt, t) - z)
+    raise ValueError(f"unknown weighting {weighting!r}; expected 'likelihood' or 'original'")

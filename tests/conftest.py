@@ -1,0 +1,29 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SFC_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# Two cores on CI: keep torch from oversubscribing them when several tests spawn processes.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data, or skip the test with the reason."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data set not found at {SHARED_DATA} (set SFC_SHARED_DATA)")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: many tiny tensor ops gain nothing from a hand-off to a
+    second core, and lose a lot when that core is busy."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
