@@ -1,0 +1,172 @@
+"""Coding a dequantized image y through the discrete diffusion chain with bits-back, in Bit-Swap
+order (DESIGN 2c; math in discrete_chain.py).
+
+Encoder (y already popped by the dequantizer, on the lattice delta_y (Z + 1/2)):
+          pop z_1 ~ q(z_1|y), push y ~ p(y|z_1),
+          for i = 1..T-1: pop z_{i+1} ~ q(z_{i+1}|z_i), push z_i ~ p(z_i|z_{i+1}),
+          push z_T ~ p(z_T).
+Net codelength = -ELBO(y) on the lattice. One network call per latent on each side.
+
+Each z_i lives on its own lattice delta_i Z (a power of two, about 1/lattice_ratio of the
+smallest std it is coded with); a variable's lattice width cancels between its pop and its push.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..discrete_chain import ChainCoeffs, chain_coeffs
+from ..sde import SDE
+from . import distributions as dist
+from .ans import Message
+from .evaluator import Evaluator
+
+
+@dataclass(frozen=True)
+class ChainSettings:
+    steps: int = 64              # latents z_1..z_T
+    lattice_bits: int = 8        # lattice of y: 2^-lattice_bits of a pixel (as in ODE mode)
+    lattice_ratio: float = 4.0   # z_i lattice ~ (smallest std of z_i) / lattice_ratio
+    schedule: str = "logsnr"
+    reverse_var: str = "calibrated"  # "calibrated" (the model file's eps-MSE table, if any) | "posterior"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChainSettings":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    @property
+    def delta(self) -> float:
+        return (2.0 / 256.0) * 2.0 ** (-self.lattice_bits)
+
+
+def scramble(i: int, n: int) -> np.ndarray:
+    """A fixed permutation of range(n) for step i: k -> (a k + b) mod n with gcd(a, n) = 1.
+
+    Plain integer arithmetic, so it is the same on every platform and numpy version; a stride
+    near n / golden ratio sends neighbouring elements far apart.
+    """
+    a = int(n * 0.6180339887498949) | 1
+    while math.gcd(a, n) != 1:
+        a += 2
+    b = (i * 7919) % max(n, 1)
+    return (a * np.arange(n, dtype=np.int64) + b) % max(n, 1)
+
+
+class ChainCodec:
+    """Codes batches of y lattice states n_y (int64 [B, C, H, W]) through the chain."""
+
+    def __init__(self, sde: SDE, evaluator: Evaluator, settings: ChainSettings, eps_mse: dict | None = None):
+        if settings.steps < 2:
+            raise ValueError("chain mode needs at least 2 steps")
+        self.ev = evaluator
+        self.s = settings
+        table = eps_mse if settings.reverse_var == "calibrated" else None
+        self.co: ChainCoeffs = chain_coeffs(sde, settings.steps, schedule=settings.schedule, eps_mse=table)
+        co = self.co
+        T = co.steps
+        smallest = np.empty(T)
+        for i in range(T):
+            q_std = co.sigma[0] if i == 0 else co.b[i - 1]
+            p_std = co.rev_std[i] if i < T - 1 else co.prior_std
+            smallest[i] = min(q_std, p_std)
+        self.delta = 2.0 ** np.floor(np.log2(smallest / settings.lattice_ratio))
+        self.dy = settings.delta
+        self.tau = co.sigma[0] / co.alpha[0]
+        self.bits_log: list[float] | None = None
+
+    # --- distributions, each in lattice units of the coded variable ---------------------
+    def _q1(self, n_y: np.ndarray):
+        y = (n_y + 0.5) * self.dy
+        return self.co.alpha[0] * y / self.delta[0], np.full(n_y.shape, self.co.sigma[0] / self.delta[0])
+
+    def _p_y(self, n1: np.ndarray):
+        """p(y | z_1): the Tweedie decoder, one network call at t_1."""
+        co = self.co
+        z1 = n1 * self.delta[0]
+        y_hat = (z1 - co.sigma[0] * self.ev(z1, float(co.ts[0]))) / co.alpha[0]
+        return y_hat / self.dy - 0.5, np.full(n1.shape, self.tau / self.dy)
+
+    def _q_next(self, i: int, n_i: np.ndarray):
+        """q(z_{i+1} | z_i) for 0-based i (z_1 is index 0)."""
+        z = n_i * self.delta[i]
+        return self.co.a[i] * z / self.delta[i + 1], np.full(n_i.shape, self.co.b[i] / self.delta[i + 1])
+
+    def _p_prev(self, i: int, n_next: np.ndarray):
+        """p(z_i | z_{i+1}) for 0-based i, from one network call at t_{i+1}."""
+        co = self.co
+        z_next = n_next * self.delta[i + 1]
+        eps = self.ev(z_next, float(co.ts[i + 1]))
+        y_hat = (z_next - co.sigma[i + 1] * eps) / co.alpha[i + 1]
+        mean = co.post_zc[i] * z_next + co.post_xc[i] * y_hat
+        return mean / self.delta[i], np.full(n_next.shape, co.rev_std[i] / self.delta[i])
+
+    def _perm(self, i: int, size: int) -> np.ndarray:
+        return scramble(i, size)
+
+    def _pop_q(self, m: Message, i: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+        """Pop z_{i+1} with its elements in a fixed scrambled order: each element's sample then
+        comes from the bits of another dimension's last push, so a dimension's model error does
+        not feed back into its own noise."""
+        p = self._perm(i, mean.size)
+        out = np.empty(mean.size, dtype=np.int64)
+        out[p] = dist.gaussian(mean.reshape(-1)[p], std.reshape(-1)[p]).pop(m)
+        return out.reshape(mean.shape)
+
+    def _push_q(self, m: Message, i: int, mean: np.ndarray, std: np.ndarray, x: np.ndarray) -> None:
+        p = self._perm(i, mean.size)
+        dist.gaussian(mean.reshape(-1)[p], std.reshape(-1)[p]).push(m, x.reshape(-1)[p])
+
+    def _prior(self, shape):
+        return np.zeros(shape), np.full(shape, self.co.prior_std / self.delta[-1])
+
+    def _track(self, pop_params, push_params, x_push: np.ndarray, popped: np.ndarray) -> None:
+        if self.bits_log is not None:
+            self.bits_log.append(float(dist.gaussian_bits(x_push, *push_params).sum()
+                                       - dist.gaussian_bits(popped, *pop_params).sum()))
+
+    # --- coding -----------------------------------------------------------------------------
+    def push(self, m: Message, n_y: np.ndarray, progress=None) -> None:
+        qm, qs = self._q1(n_y)
+        n = dist.gaussian(qm, qs).pop(m)
+        pm, ps = self._p_y(n)
+        dist.gaussian(pm, ps).push(m, n_y)
+        self._track((qm, qs), (pm, ps), n_y, n)
+        for i in range(self.co.steps - 1):
+            qm, qs = self._q_next(i, n)
+            n_next = self._pop_q(m, i, qm, qs)
+            pm, ps = self._p_prev(i, n_next)
+            dist.gaussian(pm, ps).push(m, n)
+            self._track((qm, qs), (pm, ps), n, n_next)
+            n = n_next
+            if progress:
+                progress(1)
+        pm, ps = self._prior(n.shape)
+        dist.gaussian(pm, ps).push(m, n)
+        if self.bits_log is not None:
+            self.bits_log.append(float(dist.gaussian_bits(n, pm, ps).sum()))
+
+    def pop(self, m: Message, shape: tuple, progress=None) -> np.ndarray:
+        pm, ps = self._prior(shape)
+        n = dist.gaussian(pm, ps).pop(m)
+        for i in reversed(range(self.co.steps - 1)):
+            pm, ps = self._p_prev(i, n)
+            n_prev = dist.gaussian(pm, ps).pop(m)
+            qm, qs = self._q_next(i, n_prev)
+            self._push_q(m, i, qm, qs, n)
+            n = n_prev
+            if progress:
+                progress(1)
+        pm, ps = self._p_y(n)
+        n_y = dist.gaussian(pm, ps).pop(m)
+        qm, qs = self._q1(n_y)
+        dist.gaussian(qm, qs).push(m, n)
+        return n_y
+
+    def deficit_bits_per_dim(self) -> float:
+        """Bits per dim a batch pops (z_1) before it pushes any back (lattice stds < 2 ratio)."""
+        return math.log2(self.s.lattice_ratio * 2.0 * math.sqrt(2 * math.pi * math.e)) + 1.0

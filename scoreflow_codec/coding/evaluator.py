@@ -1,0 +1,104 @@
+"""Deterministic network calls for coding (DESIGN 2e).
+
+The encoder and decoder must compute bit-identical coder parameters. On the same machine and
+torch build, a network's output for one sample can still change with the batch it is computed
+in (kernel choice depends on the batch size), so every call here runs in micro-batches of
+exactly `micro_batch` samples (zero-padded), in a fixed order, and rounds outputs to a grid
+before they parametrize a coder.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import numpy as np
+import torch
+
+QUANT_BITS = 20
+
+
+def quantize(v: np.ndarray, bits: int = QUANT_BITS) -> np.ndarray:
+    """Round to multiples of 2^-bits (float64): a last-ulp difference rarely survives this."""
+    scale = float(2 ** bits)
+    return np.rint(v * scale) / scale
+
+
+@contextlib.contextmanager
+def deterministic_torch():
+    """torch.use_deterministic_algorithms for the duration of a coding run."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
+class Evaluator:
+    """Runs `fn(x[M, ...], t[M]) -> out[M, ...]` on fixed-size micro-batches."""
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], micro_batch: int,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        if micro_batch < 1:
+            raise ValueError("micro_batch must be >= 1")
+        self.fn = fn
+        self.micro_batch = int(micro_batch)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.calls = 0  # network evaluations, counted in samples (for reports)
+
+    def _chunks(self, n: int):
+        for s in range(0, n, self.micro_batch):
+            yield s, min(s + self.micro_batch, n)
+
+    def _pad(self, x: np.ndarray, s: int, e: int) -> torch.Tensor:
+        m = self.micro_batch
+        buf = np.zeros((m,) + x.shape[1:], dtype=np.float64)
+        buf[: e - s] = x[s:e]
+        return torch.from_numpy(buf).to(self.device, self.dtype)
+
+    def _t(self, t: float) -> torch.Tensor:
+        return torch.full((self.micro_batch,), float(t), dtype=self.dtype, device=self.device)
+
+    @torch.no_grad()
+    def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
+        """fn(x, t) for all rows of x (float64 numpy), quantized float64 output."""
+        out = np.empty(x.shape, dtype=np.float64)
+        for s, e in self._chunks(x.shape[0]):
+            y = self.fn(self._pad(x, s, e), self._t(t))
+            out[s:e] = y[: e - s].to("cpu", torch.float64).numpy()
+            self.calls += e - s
+        return quantize(out)
+
+    @torch.no_grad()
+    def batched(self, fn: Callable[..., tuple], *arrays: np.ndarray) -> list[np.ndarray]:
+        """fn(*micro_batch_tensors) -> tuple of tensors [M, ...]; rows of every array in fixed
+        micro-batches; returns the quantized float64 outputs with the padding rows dropped."""
+        n = arrays[0].shape[0]
+        outs: list[list[np.ndarray]] = []
+        for s, e in self._chunks(n):
+            res = fn(*[self._pad(a, s, e) for a in arrays])
+            if not outs:
+                outs = [[] for _ in res]
+            for acc, r in zip(outs, res):
+                acc.append(r[: e - s].to("cpu", torch.float64).numpy())
+            self.calls += e - s
+        return [quantize(np.concatenate(acc, 0)) for acc in outs]
+
+    def with_trace(self, x: np.ndarray, t: float, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(fn(x, t), v^T (d fn/dx) v per row) with the probe v broadcast to every row.
+
+        The quadratic form comes from one vector-Jacobian product: v . (J^T v) = v^T J v.
+        """
+        out = np.empty(x.shape, dtype=np.float64)
+        quad = np.empty(x.shape[0], dtype=np.float64)
+        v = torch.from_numpy(np.broadcast_to(probe, (self.micro_batch,) + x.shape[1:]).copy()).to(self.device, self.dtype)
+        for s, e in self._chunks(x.shape[0]):
+            xin = self._pad(x, s, e).requires_grad_(True)
+            with torch.enable_grad():
+                y = self.fn(xin, self._t(t))
+                (g,) = torch.autograd.grad((y * v).sum(), xin)
+            out[s:e] = y.detach()[: e - s].to("cpu", torch.float64).numpy()
+            quad[s:e] = (g * v).flatten(1).sum(1)[: e - s].to("cpu", torch.float64).numpy()
+            self.calls += 3 * (e - s)  # forward + backward ~ 3 forwards
+        return quantize(out), quantize(quad)

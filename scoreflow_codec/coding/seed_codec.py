@@ -1,0 +1,318 @@
+"""A classical lossless codec for uint8 planes [C, H, W]: seeds bits-back chains, codes alpha.
+
+No latents and no bits-back, so it needs no initial bits. Design (CALIC / JPEG-XL style,
+vectorized):
+
+* Order: anti-diagonal wavefronts t = x + 2y. Every pixel of a wavefront has its causal
+  neighbours N, W, NW, NE, WW, NN in earlier wavefronts, so a wavefront is decoded in one
+  vectorized step (W + 2H steps per channel) and still sees its left neighbour. Within a
+  wavefront, channels go in order, so channel c also sees channels < c at the same pixel.
+* Prediction: 7 fixed linear sub-predictors, plus for c > 0 each of them moved by the
+  gradient of every earlier channel (p + x_r - p_r). They are blended with weights
+  1 / (1 + their summed error at the six causal neighbours)**2, so the blend follows whichever
+  sub-predictor works locally (edges, smooth areas, inter-channel correlation).
+* Context: 16 bins of the activity log2 of the blend's error at N, W, NW, NE (plus, for c > 0,
+  the error of channel c-1 at this pixel).
+* Coding: per channel and bin an adaptive histogram of residuals x - round(pred) (integer counts,
+  a calibrated two-sided geometric prior worth 128 pixels, +1 pixel per coded pixel). The pixel
+  is coded as a categorical over 0..255: the histogram window around the prediction.
+* A constant plane costs one flag and its value.
+
+Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
+integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
+Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
+
+Measured (2 shared CPU cores): 3.92 bpd on the first 100 CIFAR-10 test images (PNG 5.88),
+Kodak 01/05/13/23: 3.27/3.44/3.82/2.72 bpd (PNG 5.28/5.47/6.03/3.78); about 0.2 Mpix/s to
+encode and 0.15 (Kodak) to 0.07 (32x32, per-wavefront overhead) Mpix/s to decode.
+"""
+from __future__ import annotations
+
+import functools
+
+import constriction
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .ans import Codec, Message
+from .distributions import _pop, _push, uniform
+
+_CATEGORICAL = constriction.stream.model.Categorical(perfect=False)
+
+N_BINS = 16
+FRAC = 8  # predictions are in units of 1/8 pixel
+PRIOR_MASS = 8192  # total prior count per histogram (= 128 pixels' worth)
+INC = 64  # count added per coded pixel
+FILL = 128  # value of the missing neighbours of the first pixel
+_WEIGHT_ONE = 1 << 40
+_CHUNK = 8192
+
+# Per-bin prior: two-sided geometric theta**|r| with theta = THETA / 2**16; row 0 for the first
+# channel, row 1 for channels predicted from earlier ones. From `calibrate` on the first 400
+# CIFAR-10 training images (mean |residual| s per bin, theta = exp(-1/s)).
+THETA = np.array(
+    [
+        [7278, 19984, 20209, 25124, 35065, 42492, 48287, 52314,
+         55520, 57852, 59515, 60752, 61708, 62353, 62888, 63379],
+        [83, 189, 4554, 11652, 19242, 27385, 34677, 40781,
+         45783, 49860, 53216, 56132, 58465, 60193, 60179, 62901],
+    ],
+    dtype=np.int64,
+)
+
+
+def _check_shape(shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    if len(shape) != 3:
+        raise ValueError(f"seed codec: expected a shape [C, H, W], got {shape}")
+    c, h, w = (int(s) for s in shape)
+    if not (1 <= c <= 4 and h >= 1 and w >= 1):
+        raise ValueError(f"seed codec: need 1 <= C <= 4 and H, W >= 1, got {shape}")
+    return c, h, w
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(h: int, w: int) -> "_Layout":
+    return _Layout(h, w)
+
+
+class _Layout:
+    """Per image size: causal neighbour indices and the wavefronts. Index h*w is 'no pixel'."""
+
+    def __init__(self, h: int, w: int):
+        self.h, self.w, self.n = h, w, h * w
+        y, x = np.mgrid[0:h, 0:w]
+        at = lambda yy, xx: yy * w + xx
+        none = self.n
+        # Missing neighbours fall back to the nearest causal one, so edges predict sensibly.
+        w_ = np.where(x > 0, at(y, x - 1), none)
+        n_ = np.where(y > 0, at(y - 1, x), w_)
+        w_ = np.where(x > 0, w_, n_)
+        nw = np.where((y > 0) & (x > 0), at(y - 1, x - 1), np.where(y > 0, n_, w_))
+        ne = np.where((y > 0) & (x < w - 1), at(y - 1, np.minimum(x + 1, w - 1)), n_)
+        ww = np.where(x > 1, at(y, x - 2), w_)
+        nn = np.where(y > 1, at(y - 2, x), n_)
+        self.nbr = np.stack([n_, w_, nw, ne, ww, nn]).reshape(6, -1)  # N, W, NW, NE, WW, NN
+        t = (x + 2 * y).ravel()
+        order = np.argsort(t, kind="stable")
+        self.steps = np.split(order, np.cumsum(np.bincount(t))[:-1])
+
+
+# The 7 sub-predictors as integer combinations of (N, W, NW, NE, WW, NN), in 1/8 pixel:
+# N, W, W+N-NW, W+NE-N, N+(N-NN)/2, W+(W-WW)/2, (3W+2N-2NW+NE)/4.
+_SUB = np.array(
+    [
+        [8, 0, 8, -8, 12, 0, 4],
+        [0, 8, 8, 8, 0, 12, 6],
+        [0, 0, -8, 0, 0, 0, -4],
+        [0, 0, 0, 8, 0, 0, 2],
+        [0, 0, 0, 0, 0, -4, 0],
+        [0, 0, 0, 0, -4, 0, 0],
+    ],
+    dtype=np.int64,
+)
+
+
+def _subpredictors(v: np.ndarray) -> np.ndarray:
+    """[6, n] neighbour values -> [n, 7] predictions in 1/8 pixel (exact integer matmul)."""
+    return v.T @ _SUB
+
+
+class _State:
+    """Planes and per-pixel errors so far; every array has a sentinel slot at index n."""
+
+    def __init__(self, layout: _Layout, c: int):
+        self.lay = layout
+        self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
+        # int32 halves the memory traffic of the neighbour gathers; errors stay below 2**15.
+        self.err_sub = [np.zeros((layout.n + 1, 7 * (k + 1)), dtype=np.int32) for k in range(c)]
+        self.err = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
+        self.own = [np.zeros((layout.n + 1, 7), dtype=np.int64) for _ in range(c)]
+
+    def inputs(self, c: int, idx: np.ndarray) -> np.ndarray:
+        """Sub-predictions [n, 7 (c+1)] for channel c at pixels idx (neighbours known)."""
+        own = _subpredictors(self.x[c][self.lay.nbr[:, idx]])
+        self.own[c][idx] = own  # channels > c reuse it at this pixel
+        if c == 0:
+            return own
+        parts = [own]
+        for r in range(c):  # gradient transfer from each earlier channel (done at idx already)
+            parts.append(own + (FRAC * self.x[r][idx, None] - self.own[r][idx]))
+        return np.concatenate(parts, axis=1)
+
+    def blend(self, c: int, idx: np.ndarray, p: np.ndarray) -> np.ndarray:
+        nb = self.lay.nbr[:, idx]
+        e = self.err_sub[c]
+        s = (e[nb[0]] + e[nb[1]] + e[nb[2]] + e[nb[3]] + e[nb[4]] + e[nb[5]]).astype(np.int64)
+        wt = _WEIGHT_ONE // (FRAC + s) ** 2
+        tot = wt.sum(axis=1)
+        return ((wt * p).sum(axis=1) + tot // 2) // tot
+
+    def bins(self, c: int, idx: np.ndarray) -> np.ndarray:
+        a = self.err[c][self.lay.nbr[:4, idx]].sum(axis=0)
+        if c > 0:
+            a = a + self.err[c - 1][idx]
+        b = np.minimum(np.maximum(_bit_length((FRAC + a) ** 2) - 7, 0), N_BINS - 1)  # 2 log2(1+a/8)
+        return np.where(idx == 0, N_BINS - 1, b)  # the first pixel is predicted from nothing
+
+    def record(self, c: int, idx: np.ndarray, x: np.ndarray, p: np.ndarray, pred: np.ndarray):
+        self.x[c][idx] = x
+        self.err_sub[c][idx] = np.abs(FRAC * x[:, None] - p)
+        self.err[c][idx] = np.abs(FRAC * x - pred)
+
+
+def _bit_length(v: np.ndarray) -> np.ndarray:
+    """bit_length of non-negative integers < 2**53: frexp is exact, no libm rounding involved."""
+    return np.frexp(v.astype(np.float64))[1].astype(np.int64)
+
+
+def _prior_counts() -> np.ndarray:
+    """[2, N_BINS, 511] integer prior histograms of residuals -255..255 (integer arithmetic)."""
+    out = np.zeros((2, N_BINS, 511), dtype=np.int64)
+    for k in range(2):
+        for b in range(N_BINS):
+            g = [1 << 40]
+            for _ in range(255):
+                g.append(g[-1] * int(THETA[k, b]) >> 16)
+            g = np.array(g, dtype=np.int64)
+            two_sided = np.concatenate([g[:0:-1], g])
+            out[k, b] = np.maximum(1, two_sided * PRIOR_MASS // int(two_sided.sum()))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _prior() -> np.ndarray:
+    out = _prior_counts()
+    out.setflags(write=False)  # shared: callers copy
+    return out
+
+
+def _analyse(planes: np.ndarray, layout: _Layout):
+    """Encoder side, all pixels at once: rounded predictions and bins per channel."""
+    c_, n = planes.shape[0], layout.n
+    st = _State(layout, c_)
+    flat = planes.reshape(c_, n).astype(np.int64)
+    every = np.arange(n)
+    preds, bins = [], []
+    for c in range(c_):
+        st.x[c][:n] = flat[c]
+    chunks = np.array_split(every, max(1, n // _CHUNK))  # bounded temporaries, cache-friendly
+    for c in range(c_):
+        pred = np.empty(n, dtype=np.int64)
+        for idx in chunks:
+            p = st.inputs(c, idx)
+            st.err_sub[c][idx] = np.abs(FRAC * flat[c][idx, None] - p)
+        for idx in chunks:
+            pred[idx] = st.blend(c, idx, st.inputs(c, idx))
+        st.err[c][:n] = np.abs(FRAC * flat[c] - pred)
+        preds.append(np.clip((pred + FRAC // 2) // FRAC, 0, 255))
+        bins.append(np.concatenate([st.bins(c, idx) for idx in chunks]))
+    return flat, preds, bins
+
+
+def _tables(windows: np.ndarray, bins: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """[n, 256] float64 counts of x = 0..255: the residual histogram window around pred.
+
+    windows = sliding_window_view(hist, 256, axis=1), a live view of the histogram."""
+    return windows[bins, 255 - pred].astype(np.float64)
+
+
+def seed_codec(shape: tuple[int, int, int]) -> Codec:
+    """Codec of uint8 planes [C, H, W] (1 <= C <= 4); deterministic, no initial bits needed."""
+    c_, h, w = _check_shape(shape)
+    lay = _layout(h, w)
+    flags, byte = uniform(2, ()), uniform(256, ())
+
+    def push(m: Message, planes: np.ndarray) -> None:
+        planes = np.asarray(planes)
+        if planes.shape != (c_, h, w) or planes.dtype != np.uint8:
+            raise ValueError(
+                f"seed codec: expected uint8 {(c_, h, w)}, got {planes.dtype} {planes.shape}"
+            )
+        flat, preds, bins = _analyse(planes, lay)
+        const = [bool((flat[c] == flat[c][0]).all()) for c in range(c_)]
+        prior = _prior()
+        hist = []
+        for c in range(c_):
+            hc = prior[min(c, 1)].copy()
+            if not const[c]:
+                np.add.at(hc, (bins[c], flat[c] - preds[c] + 255), INC)
+            hist.append(hc)
+        # A stack: push the last wavefront first; rewind each histogram to its state before it.
+        windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
+        for idx in reversed(lay.steps):
+            for c in reversed(range(c_)):
+                if const[c]:
+                    continue
+                b, p, x = bins[c][idx], preds[c][idx], flat[c][idx]
+                np.subtract.at(hist[c], (b, x - p + 255), INC)
+                _push(m, x, _CATEGORICAL, _tables(windows[c], b, p))
+        for c in reversed(range(c_)):
+            if const[c]:
+                byte.push(m, np.int64(flat[c][0]))
+            flags.push(m, np.int64(const[c]))
+
+    def pop(m: Message) -> np.ndarray:
+        const: list[int | None] = []  # the value of each constant plane, None if coded
+        for _ in range(c_):
+            const.append(int(byte.pop(m)) if int(flags.pop(m)) else None)
+        st = _State(lay, c_)
+        hist = [_prior()[min(c, 1)].copy() for c in range(c_)]
+        windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
+        for idx in lay.steps:
+            for c in range(c_):
+                p = st.inputs(c, idx)
+                pred = st.blend(c, idx, p)
+                if const[c] is not None:
+                    x = np.full(len(idx), const[c], dtype=np.int64)
+                else:
+                    b = st.bins(c, idx)
+                    pr = np.minimum(np.maximum((pred + FRAC // 2) // FRAC, 0), 255)
+                    x = _pop(m, len(idx), _CATEGORICAL, _tables(windows[c], b, pr))
+                    np.add.at(hist[c], (b, x - pr + 255), INC)
+                st.record(c, idx, x, p, pred)
+        return np.stack([st.x[c][: lay.n] for c in range(c_)]).reshape(c_, h, w).astype(np.uint8)
+
+    return Codec(push, pop)
+
+
+def seed_bits(planes: np.ndarray) -> float:
+    """Predicted size in bits of `seed_codec(planes.shape)` on planes (float64 model)."""
+    planes = np.asarray(planes)
+    c_, h, w = _check_shape(planes.shape)
+    lay = _layout(h, w)
+    flat, preds, bins = _analyse(planes, lay)
+    total = 0.0
+    for c in range(c_):
+        total += 1.0
+        if (flat[c] == flat[c][0]).all():
+            total += 8.0
+            continue
+        hist = _prior()[min(c, 1)].copy()
+        for idx in lay.steps:
+            b, p, x = bins[c][idx], preds[c][idx], flat[c][idx]
+            cum = np.concatenate([np.zeros((N_BINS, 1), np.int64), np.cumsum(hist, axis=1)], axis=1)
+            den = cum[b, 511 - p] - cum[b, 255 - p]
+            total += float(-np.log2(hist[b, x - p + 255] / den).sum())
+            np.add.at(hist, (b, x - p + 255), INC)
+    return total
+
+
+def calibrate(images: np.ndarray) -> np.ndarray:
+    """Mean |residual| per (channel class, bin) over uint8 images [N, H, W, C]; THETA's source."""
+    s = np.zeros((2, N_BINS))
+    cnt = np.zeros((2, N_BINS))
+    for img in images:
+        planes = np.moveaxis(img, -1, 0)
+        lay = _layout(*planes.shape[1:])
+        flat, preds, bins = _analyse(planes, lay)
+        for c in range(planes.shape[0]):
+            np.add.at(s[min(c, 1)], bins[c], np.abs(flat[c] - preds[c]))
+            np.add.at(cnt[min(c, 1)], bins[c], 1)
+    return s / np.maximum(cnt, 1)
+
+
+def theta_table(mean_abs: np.ndarray) -> np.ndarray:
+    """THETA from `calibrate`'s output: round(2**16 exp(-1 / s))."""
+    s = np.maximum(mean_abs, 0.15)  # a floor: never rule out nonzero residuals entirely
+    return np.rint(65536 * np.exp(-1.0 / s)).astype(np.int64)
+

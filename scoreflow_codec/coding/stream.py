@@ -1,0 +1,201 @@
+"""Many images -> one ANS stack -> payload words, and back (DESIGN 2d).
+
+Push order on the stack (the decoder pops in reverse):
+  1. extra planes (alpha, palette indices) of every image, with the classical seed codec;
+  2. the first `n_seed` tiles, with the seed codec: real bits for the bits-back below to pop;
+  3. the remaining tiles in batches of growing size, each with bits-back through the model.
+The stack starts from `pad_words` pseudo-random words (ans.padding_words); whatever a batch pops
+beyond what is on the stack comes from them. At the end the untouched bottom of the stack equals
+a prefix of the padding and is not stored: the decoder re-prepends it, and checks at the end that
+the stack is back to exactly the padding.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ..errors import BadFileError
+from . import tiles as T
+from .ans import Message, common_prefix_len, padding_words
+from .seed_codec import seed_bits, seed_codec
+
+SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed
+
+
+class TileModelCodec(Protocol):
+    bits_log: list[float] | None
+
+    def push(self, m: Message, tiles: np.ndarray, progress=None) -> None: ...
+
+    def pop(self, m: Message, shape: tuple, progress=None) -> np.ndarray: ...
+
+    def deficit_bits_per_dim(self) -> float: ...
+
+    def steps_per_batch(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    tile: int = 32
+    n_seed: int | None = None    # None: enough seed tiles to cover the first batch's deficit
+    growth: float = 0.25
+    max_batch: int = 32
+    fill_std: float = 1.5
+    pad_words: int | None = None  # None: sized from the deficit of the largest batch
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StreamSettings":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class StreamImage:
+    color: np.ndarray | None  # uint8 [Cc, H, W], Cc in {1, 3}: coded through the model
+    extra: np.ndarray | None  # uint8 [Ce, H, W]: coded with the seed codec (alpha, indices)
+
+    @property
+    def color_shape(self) -> tuple[int, int, int]:
+        return (0, 0, 0) if self.color is None else tuple(self.color.shape)
+
+
+@dataclass
+class StreamReport:
+    n_tiles: int = 0
+    n_seed: int = 0
+    batches: list[tuple[int, int]] = field(default_factory=list)
+    pad_words: int = 0
+    pad_consumed_bits: int = 0
+    predicted_bits: float = 0.0   # sum of the codelengths the coders predict (net of bits back)
+    extra_bits: float = 0.0
+    seed_bits: float = 0.0
+    model_bits: float = 0.0       # net predicted bits of the bits-back batches
+    payload_bits: int = 0
+
+
+def resolve(settings: StreamSettings, codec: TileModelCodec, n_tiles: int) -> tuple[int, int]:
+    """(n_seed, pad_words) for this stream."""
+    dims = T.MODEL_CHANNELS * settings.tile ** 2
+    deficit = codec.deficit_bits_per_dim() + math.log2(2 * T.FILL_WINDOW + 1)
+    n_seed = settings.n_seed
+    if n_seed is None:
+        n_seed = math.ceil(deficit / SEED_RATE_GUESS)
+    n_seed = min(n_seed, n_tiles)
+    pad = settings.pad_words
+    if pad is None:
+        pad = math.ceil(deficit * dims * settings.max_batch / 32) + 64
+    return n_seed, pad
+
+
+def plan(color_shapes: list[tuple[int, int, int]], codec: TileModelCodec, settings: StreamSettings):
+    """(tiles, n_seed, pad_words, batches) of a stream."""
+    refs = T.plan_tiles(color_shapes, settings.tile)
+    n_seed, pad_n = resolve(settings, codec, len(refs))
+    return refs, n_seed, pad_n, T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch)
+
+
+class TileBatchCodec:
+    """A batch of tiles: bits-back over the latent fill pixels, then the model codec."""
+
+    def __init__(self, model_codec: TileModelCodec, settings: StreamSettings):
+        self.mc = model_codec
+        self.size = settings.tile
+        self.fill = T.FillCodec(settings.fill_std)
+
+    def _layout(self, knowns: list[np.ndarray]):
+        lays = [T.layout(k, self.size) for k in knowns]
+        return (np.stack([l[0] for l in lays]), np.stack([l[1] for l in lays]), np.stack([l[2] for l in lays]))
+
+    def push(self, m: Message, knowns: list[np.ndarray], progress=None) -> float:
+        tiles, masks, centres = self._layout(knowns)
+        full = self.fill.pop(m, tiles, masks, centres)
+        self.mc.push(m, full, progress)
+        return -self.fill.bits(full, masks, centres)
+
+    def pop(self, m: Message, refs: list[T.TileRef], channels: list[int], progress=None) -> list[np.ndarray]:
+        shape = (len(refs), T.MODEL_CHANNELS, self.size, self.size)
+        full = self.mc.pop(m, shape, progress)
+        if full.min() < 0 or full.max() > 255:
+            raise BadFileError("corrupt payload: decoded pixel values out of range")
+        knowns = []
+        for i, (r, c) in enumerate(zip(refs, channels)):
+            blk = full[i, :, :r.h, :r.w] if c == 3 else full[i, T.GRAY_KNOWN_CHANNEL:T.GRAY_KNOWN_CHANNEL + 1, :r.h, :r.w]
+            knowns.append(blk.astype(np.uint8))
+        _, masks, centres = self._layout(knowns)
+        self.fill.push(m, full, masks, centres)
+        return knowns
+
+
+def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSettings,
+           progress: Callable[[int], None] | None = None, track: bool = False) -> tuple[np.ndarray, dict, StreamReport]:
+    """Returns (payload words, header fields needed to decode, report)."""
+    refs, n_seed, pad_n, batches = plan([im.color_shape for im in images], codec, settings)
+    rep = StreamReport(n_tiles=len(refs), n_seed=n_seed, batches=batches, pad_words=pad_n)
+    pad = padding_words(pad_n)
+    m = Message(pad)
+
+    for im in images:
+        if im.extra is not None:
+            seed_codec(im.extra.shape).push(m, im.extra)
+            rep.extra_bits += seed_bits(im.extra)
+    for r in refs[:n_seed]:
+        blk = T.known_block(images[r.image].color, r)
+        seed_codec(blk.shape).push(m, blk)
+        rep.seed_bits += seed_bits(blk)
+    bbc = TileBatchCodec(codec, settings)
+    codec.bits_log = [] if track else None
+    for s, e in batches:
+        fill_bits = bbc.push(m, [T.known_block(images[r.image].color, r) for r in refs[s:e]], progress)
+        rep.model_bits += fill_bits
+    if track:
+        rep.model_bits += float(sum(codec.bits_log))
+    codec.bits_log = None
+    rep.predicted_bits = rep.extra_bits + rep.seed_bits + rep.model_bits
+
+    words = m.words()
+    n_strip = common_prefix_len(words, pad)
+    payload = words[n_strip:]
+    rep.pad_consumed_bits = 32 * (pad_n - n_strip)
+    rep.payload_bits = 32 * len(payload)
+    fields = {"n_seed": n_seed, "pad_words": pad_n, "pad_stripped": n_strip, "n_tiles": len(refs)}
+    return payload, fields, rep
+
+
+def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int, int], tuple[int, int, int] | None]],
+           codec: TileModelCodec, settings: StreamSettings, progress: Callable[[int], None] | None = None) -> list[StreamImage]:
+    """shapes: per image ((Cc, H, W) of colour planes or (0,0,0), (Ce, H, W) of extra planes or None)."""
+    refs = T.plan_tiles([s[0] for s in shapes], settings.tile)
+    n_seed, pad_n = int(fields["n_seed"]), int(fields["pad_words"])
+    n_strip = int(fields["pad_stripped"])
+    if len(refs) != int(fields["n_tiles"]) or not (0 <= n_seed <= len(refs)) or not (0 <= n_strip <= pad_n):
+        raise BadFileError("corrupt header: tile counts do not match the image sizes")
+    pad = padding_words(pad_n)
+    words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
+    if len(words) == 0 or words[-1] == 0:
+        raise BadFileError("corrupt payload: not a valid ANS stack")
+    m = Message(words)
+    batches = T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch)
+    colors = [np.zeros(s[0], dtype=np.uint8) if s[0][0] else None for s in shapes]
+    bbc = TileBatchCodec(codec, settings)
+    for s, e in reversed(batches):
+        chans = [shapes[r.image][0][0] for r in refs[s:e]]
+        knowns = bbc.pop(m, refs[s:e], chans, progress)
+        for r, k in zip(refs[s:e], knowns):
+            colors[r.image][:, r.y0:r.y0 + r.h, r.x0:r.x0 + r.w] = k
+    for r in reversed(refs[:n_seed]):
+        c = shapes[r.image][0][0]
+        blk = seed_codec((c, r.h, r.w)).pop(m)
+        colors[r.image][:, r.y0:r.y0 + r.h, r.x0:r.x0 + r.w] = blk
+    extras: list[np.ndarray | None] = [None] * len(shapes)
+    for i in reversed(range(len(shapes))):
+        if shapes[i][1] is not None:
+            extras[i] = seed_codec(tuple(shapes[i][1])).pop(m)
+    rest = m.words()
+    if len(rest) != len(pad) or not np.array_equal(rest, pad):
+        raise BadFileError("corrupt payload: the stream did not decode back to its initial state")
+    return [StreamImage(c, x) for c, x in zip(colors, extras)]
