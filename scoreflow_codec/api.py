@@ -1,0 +1,383 @@
+"""What the shells call: compress, decompress, info, evaluate.
+
+    model = zoo.load_model("cifar10")
+    data, report = api.compress([images.load_image("a.png")], model, mode="ode")
+    sources = api.decompress(data, model)        # pixel CRC checked; raises on any mismatch
+"""
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from . import __version__, container, images as imgs
+from .coding import stream
+from .coding.chain_codec import ChainSettings
+from .coding.evaluator import deterministic_torch
+from .coding.ode_codec import ODESettings
+from .coding.pipeline import MODES, build_tile_codec
+from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MICRO_BATCH = 8
+MAX_IMAGES = 100_000
+
+# Settings of format version 1 that a header leaves out when they hold these values. Frozen:
+# changing a default in the code must not change what an old file means.
+FORMAT_DEFAULTS = {
+    "ode": {"steps": 128, "lattice_bits": 8, "sigma_ratio": 4.0, "fp_iters": 2, "fp_max": 60,
+            "fp_tol": 0.01, "schedule": "logsnr", "trace_probe": "rademacher"},
+    "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated"},
+    "stream": {"tile": 32, "n_seed": None, "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None},
+}
+
+
+def _non_default(values: dict, defaults: dict) -> dict:
+    return {k: v for k, v in values.items() if k not in defaults or defaults[k] != v}
+
+
+def full_settings(header: dict) -> tuple[dict, dict]:
+    """(mode settings, stream settings) of a header, its omitted values filled in."""
+    return ({**FORMAT_DEFAULTS[header["mode"]], **header["settings"]},
+            {**FORMAT_DEFAULTS["stream"], **header["stream"]})
+
+
+def default_settings(mode: str) -> dict:
+    if mode == "ode":
+        return ODESettings().to_dict()
+    if mode == "chain":
+        return ChainSettings().to_dict()
+    raise SfcError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+@dataclass
+class CompressReport:
+    num_images: int
+    num_dims: int
+    file_bytes: int
+    header_bytes: int
+    payload_bits: int
+    predicted_bits: float
+    seconds: float
+    stream: stream.StreamReport
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def bpd(self) -> float:
+        return 8.0 * self.file_bytes / self.num_dims
+
+
+def _eps_mse(model) -> dict | None:
+    """The model file's denoising-error table (calibration.py), if it has one."""
+    return (getattr(model, "config", None) or {}).get("info", {}).get("eps_mse")
+
+
+def _device_class(device: str) -> str:
+    return torch.device(device).type
+
+
+def _images_crc(sources: list[imgs.SourceImage]) -> int:
+    crc = 0
+    for s in sources:
+        crc = zlib.crc32(imgs.pixel_crc(imgs.to_pil(s)).to_bytes(4, "little"), crc)
+    return crc & 0xFFFFFFFF
+
+
+def _describe_images(sources: list[imgs.SourceImage]) -> list:
+    """Run-length list of [width, height, mode, count] plus per-image metadata where present."""
+    runs: list[list] = []
+    for s in sources:
+        w, h = s.size
+        key = [w, h, s.mode]
+        if runs and runs[-1][:3] == key:
+            runs[-1][3] += 1
+        else:
+            runs.append(key + [1])
+    return runs
+
+
+def _shapes(sources: list[imgs.SourceImage]):
+    return [(s.color.shape if s.color is not None else (0, 0, 0), s.extra.shape if s.extra is not None else None)
+            for s in sources]
+
+
+def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
+             stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
+             micro_batch: int = DEFAULT_MICRO_BATCH, progress: Callable[[int], None] | None = None,
+             track: bool = False) -> tuple[bytes, CompressReport]:
+    """Code images with a loaded model into .sfc bytes."""
+    if not sources:
+        raise SfcError("nothing to compress")
+    t0 = time.perf_counter()
+    settings = {**default_settings(mode), **(settings or {})}
+    ss = stream_settings or stream.StreamSettings()
+    codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
+                             _eps_mse(model))
+    try:
+        with deterministic_torch():
+            payload, fields, rep = stream.encode(
+                [stream.StreamImage(s.color, s.extra) for s in sources], codec, ss, progress, track)
+    except ValueError as e:
+        # a coder refused a value: the solver left the range it can code (steps far too few)
+        raise SfcError(f"encoding failed ({e}); try more --steps or --mode chain") from None
+    header = {
+        "codec": __version__,
+        "model": {"name": model.name, "sha256": model.sha256},
+        "mode": mode,
+        "settings": _non_default(settings, FORMAT_DEFAULTS[mode]),
+        "stream": _non_default(ss.to_dict(), FORMAT_DEFAULTS["stream"]),
+        "fields": fields,
+        "setup": {"device": _device_class(device), "dtype": "float32", "micro_batch": micro_batch,
+                  "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "images": _describe_images(sources),
+        "crc32": _images_crc(sources),
+    }
+    meta = {str(i): s.meta for i, s in enumerate(sources) if s.meta}
+    if meta:
+        header["meta"] = meta
+    data = container.pack(header, payload)
+    dims = sum(s.num_dims for s in sources)
+    report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
+                            rep.predicted_bits, time.perf_counter() - t0, rep, settings)
+    return data, report
+
+
+def read_header(data: bytes) -> dict:
+    """The header of .sfc bytes, structurally validated (no decoding)."""
+    header = container.peek_header(data)
+    _validate(header)
+    return header
+
+
+def _validate(h: dict) -> None:
+    req = container.require
+    req(h, "model", dict)
+    req(h["model"], "sha256", str)
+    req(h, "mode", str)
+    req(h, "settings", dict)
+    req(h, "stream", dict)
+    req(h, "fields", dict)
+    req(h, "setup", dict)
+    req(h, "images", list)
+    req(h, "crc32", int)
+    if h["mode"] not in MODES:
+        raise BadFileError(f"unknown coding mode {h['mode']!r} in header")
+    total = 0
+    for run in h["images"]:
+        if (not isinstance(run, list) or len(run) != 4 or not all(isinstance(v, int) for v in (run[0], run[1], run[3]))
+                or run[2] not in ("RGB", "RGBA", "L", "LA", "1", "P", "PA")):
+            raise BadFileError("corrupt header: bad image list")
+        w, hh, _, n = run
+        if not (1 <= w and 1 <= hh and w * hh <= imgs.MAX_PIXELS and 1 <= n <= MAX_IMAGES):
+            raise BadFileError("corrupt header: image size out of range")
+        total += n
+    if not 1 <= total <= MAX_IMAGES:
+        raise BadFileError("corrupt header: image count out of range")
+
+
+def _expand(h: dict) -> list[tuple[int, int, str, dict]]:
+    out = []
+    meta = h.get("meta", {})
+    for w, hh, mode, n in h["images"]:
+        for _ in range(n):
+            out.append((w, hh, mode, meta.get(str(len(out)), {})))
+    return out
+
+
+def _stream_shapes(h: dict) -> list:
+    shapes = []
+    for w, hh, mode, meta in _expand(h):
+        color_c = {"RGB": 3, "RGBA": 3, "L": 1, "LA": 1, "1": 1}.get(mode)
+        extra_c = 0
+        if mode in ("RGBA", "LA") and "alpha_const" not in meta:
+            extra_c = 1
+        if mode in ("P", "PA"):
+            coded = meta.get("palette_coded")
+            if coded not in ("colors", "indices"):
+                raise BadFileError("corrupt header: palette image without palette")
+            color_c = 3 if coded == "colors" else None
+            extra_c = (coded == "indices") + (mode == "PA")
+        shapes.append(((color_c, hh, w) if color_c else (0, 0, 0), (extra_c, hh, w) if extra_c else None))
+    return shapes
+
+
+def check_setup(h: dict, model, device: str) -> None:
+    """Refuse what we can't reproduce: another model, another device class."""
+    if h["model"]["sha256"] != model.sha256:
+        raise ModelMismatchError(
+            f"file was made with model {h['model'].get('name', '?')} (sha256 {h['model']['sha256'][:12]}...), "
+            f"not {model.name} (sha256 {model.sha256[:12]}...); pass --model with the right one")
+    setup = h["setup"]
+    if setup.get("device") != _device_class(device):
+        raise ModelMismatchError(
+            f"file was encoded on {setup.get('device')}; its floats can only be reproduced there: "
+            f"decode with --device {setup.get('device')}")
+    if setup.get("torch") != torch.__version__:
+        log.warning("file was encoded with torch %s, this is %s: decoding may fail its CRC check",
+                    setup.get("torch"), torch.__version__)
+
+
+def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int], None] | None = None
+               ) -> list[imgs.SourceImage]:
+    """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches."""
+    header, payload = container.unpack(data)
+    _validate(header)
+    check_setup(header, model, device)
+    shapes = _stream_shapes(header)
+    try:
+        mode_settings, stream_settings = full_settings(header)
+        ss = stream.StreamSettings.from_dict(stream_settings)
+        codec = build_tile_codec(model.model, model.dequantizer, model.sde, header["mode"], mode_settings,
+                                 int(header["setup"]["micro_batch"]), device, _eps_mse(model))
+    except (TypeError, ValueError, KeyError) as e:
+        raise BadFileError(f"corrupt header: bad coding settings ({e})") from None
+    prev_threads = torch.get_num_threads()
+    threads = header["setup"].get("threads")
+    if isinstance(threads, int) and threads >= 1:
+        torch.set_num_threads(threads)
+    try:
+        with deterministic_torch():
+            decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress)
+    except (ValueError, OverflowError, IndexError) as e:
+        raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__})") from None
+    finally:
+        torch.set_num_threads(prev_threads)
+    sources = [imgs.SourceImage(mode, d.color, d.extra, meta)
+               for (w, hh, mode, meta), d in zip(_expand(header), decoded)]
+    try:
+        crc = _images_crc(sources)
+    except (SfcError, KeyError, ValueError, IndexError):
+        crc = None
+    if crc != header["crc32"]:
+        raise DecodeMismatchError(
+            "decoded pixels do not match the encoder's (CRC mismatch): the file is corrupt or this "
+            "machine does not reproduce the encoder's arithmetic; nothing was written")
+    return sources
+
+
+def work_units(header: dict) -> int:
+    """Progress ticks (solver steps x batches) of decoding a file with this header."""
+    ms, st = full_settings(header)
+    steps = ms["steps"] - (1 if header["mode"] == "chain" else 0)
+    f = header["fields"]
+    return steps * len(stream.T.batch_schedule(f["n_tiles"], f["n_seed"], st["growth"], st["max_batch"]))
+
+
+def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, settings: dict | None = None,
+                        stream_settings: stream.StreamSettings | None = None) -> int:
+    """Progress ticks of compressing these images."""
+    settings = {**default_settings(mode), **(settings or {})}
+    codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, 1, eps_mse=_eps_mse(model))
+    shapes = [s.color.shape if s.color is not None else (0, 0, 0) for s in sources]
+    _, _, _, batches = stream.plan(shapes, codec, stream_settings or stream.StreamSettings())
+    return codec.steps_per_batch() * len(batches)
+
+
+# --- conveniences for the bench -------------------------------------------------------------
+def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", **settings) -> bytes:
+    data, _ = compress([imgs.from_array(a) for a in arrays], model, mode, settings or None, device=device)
+    return data
+
+
+def decompress_arrays(data: bytes, model, device: str = "cpu") -> list[np.ndarray]:
+    return [np.asarray(imgs.to_pil(s)) for s in decompress(data, model, device)]
+
+
+def verify_is_cheap(sources: list[imgs.SourceImage], mode: str) -> bool:
+    """Whether compress should decode its own output by default (about doubles the time)."""
+    dims = sum(s.num_dims for s in sources)
+    return mode == "chain" or dims <= 64 * 64 * 3 * 4
+
+
+def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceImage]) -> None:
+    """Pixel-exact comparison of what was read and what came back (as Pillow images)."""
+    if len(sources) != len(decoded):
+        raise DecodeMismatchError("decoded a different number of images than were encoded")
+    for i, (a, b) in enumerate(zip(sources, decoded)):
+        pa, pb = imgs.to_pil(a), imgs.to_pil(b)
+        if pa.mode != pb.mode or pa.size != pb.size or not np.array_equal(np.asarray(pa), np.asarray(pb)):
+            raise DecodeMismatchError(f"image {i}: decoded pixels differ from the input; nothing was written")
+
+
+# --- evaluation: the model's bits/dim (bound, ODE NLL) on images -------------------------------
+def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray], list[str]]:
+    """Image files and/or .npz files (key "images", uint8 [N, H, W, C]) -> arrays, names."""
+    from pathlib import Path
+
+    arrays, names = [], []
+    for p in map(Path, paths):
+        if p.suffix.lower() == ".npz":
+            try:
+                with np.load(p) as z:
+                    a = z["images"]
+            except (OSError, ValueError, KeyError) as e:
+                raise imgs.BadImageError(f"{p}: not an .npz with an 'images' array ({e})") from None
+            if a.dtype != np.uint8 or a.ndim != 4:
+                raise imgs.BadImageError(f"{p}: 'images' must be uint8 [N, H, W, C]")
+            for i in range(len(a)):
+                arrays.append(a[i])
+                names.append(f"{p.name}[{i}]")
+        else:
+            src = imgs.load_image(p)
+            arrays.append(np.asarray(imgs.to_pil(src)))
+            names.append(p.name)
+        if limit is not None and len(arrays) >= limit:
+            break
+    if limit is not None:
+        arrays, names = arrays[:limit], names[:limit]
+    if not arrays:
+        raise imgs.BadImageError("no images to evaluate")
+    return arrays, names
+
+
+def image_tiles(arr: np.ndarray, size: int = 32) -> np.ndarray:
+    """uint8 [H, W, C] -> edge-padded RGB tiles [n, 3, size, size] (gray replicated, alpha dropped)."""
+    src = imgs.from_array(arr)
+    if src.color is None:
+        raise imgs.UnsupportedImageError("palette images with duplicate colours have no colour planes to evaluate")
+    c = src.color if src.color.shape[0] == 3 else np.repeat(src.color, 3, axis=0)
+    out = []
+    for y0, x0, h, w in stream.T.tile_grid(c.shape[1], c.shape[2], size):
+        blk = c[:, y0:y0 + h, x0:x0 + w]
+        out.append(np.pad(blk, ((0, 0), (0, size - h), (0, size - w)), mode="edge"))
+    return np.stack(out)
+
+
+def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: bool = True, bound: bool = True,
+                    n_t: int = 1000, rtol: float = 1e-5, atol: float = 1e-5, seed: int = 0,
+                    tile: int = 32, batch: int = 64) -> list[dict]:
+    """Per image: bound bpd (with and without the eps correction) and ODE NLL bpd, averaged over
+    its tiles (edge tiles padded by replication, so counted over the padded dims)."""
+    from . import likelihood
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for arr in arrays:
+        x = torch.from_numpy(image_tiles(arr, tile)).to(device)
+        r: dict = {"tiles": int(x.shape[0])}
+        for s in range(0, x.shape[0], batch):
+            xb = x[s:s + batch]
+            if bound:
+                terms = likelihood.bound_terms(model.model, xb, model.dequantizer, n_t=n_t, generator=gen)
+                r.setdefault("_b", []).append(terms["bpd_with"].cpu())
+                r.setdefault("_bn", []).append(terms["bpd_without"].cpu())
+            if ode:
+                nll = likelihood.ode_nll_bpd(model.model, xb, model.dequantizer, rtol=rtol, atol=atol,
+                                             trace="hutchinson", generator=gen)
+                r.setdefault("_o", []).append(nll.detach().cpu())
+        for key, name in (("_b", "bound_bpd"), ("_bn", "bound_bpd_nocorr"), ("_o", "ode_nll_bpd")):
+            if key in r:
+                r[name] = float(torch.cat(r.pop(key)).double().mean())
+        rows.append(r)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    keys = [k for k in ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd") if rows and k in rows[0]]
+    return {k: float(np.mean([r[k] for r in rows])) for k in keys}

@@ -1,0 +1,203 @@
+"""The .sfc file: a checked envelope around a JSON header and the ANS payload (DESIGN 3).
+
+Layout (all integers little-endian)::
+
+    magic        8 bytes   b"\\x89SFC\\r\\n\\x1a\\n"  (PNG-style: catches text-mode mangling)
+    version      u16       FORMAT_VERSION
+    reserved     u16       0
+    header_len   u32       <= MAX_HEADER_BYTES
+    header       header_len bytes: raw DEFLATE of canonical JSON (UTF-8, sorted keys, no
+                 spaces), an object of at most MAX_HEADER_BYTES once inflated
+    header_crc   u32       CRC32 of version .. header
+    payload_len  u32       bytes, a multiple of 4
+    payload      payload_len bytes: uint32 ANS words, little-endian
+    payload_crc  u32       CRC32 of payload
+
+28 bytes of framing plus the deflated header: a 32x32 image's file has to carry it, so the
+header is kept small (api.py omits settings that equal the format's defaults).
+
+What the header holds (model id and sha256, settings, images and pixel CRCs) is the caller's
+business; this module checks structure only. Every malformed input raises `BadFileError` (or
+`UnsupportedVersionError`) with one line saying what is wrong, after work bounded by the real
+input length: declared sizes are compared with the bytes present before anything is sliced.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from .errors import BadFileError, UnsupportedVersionError
+
+MAGIC = b"\x89SFC\r\n\x1a\n"
+FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+
+# Preset DEFLATE dictionary (part of format version 1; never change it): the keys and values
+# every header repeats, so that a one-image file's header costs tens of bytes, not hundreds.
+ZDICT = (b'"codec":"0.1.0","crc32":,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":,"pad_words":},'
+         b'"images":[[32,32,"RGB",1]],"meta":{"0":{"alpha_const":255,"name":".png"}},"mode":"chain",'
+         b'"mode":"ode","model":{"name":"cifar10","photo","sha256":"'
+         b'"},"settings":{"steps":},"setup":{"device":"cpu","cuda","dtype":"float32",'
+         b'"micro_batch":8,"threads":2,"torch":"2.13.0+cpu"},"stream":{}}')
+
+_FIXED = struct.Struct("<HHI")  # version, reserved, header_len
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<I")  # payload length (a u32: 4 GiB is far beyond any image set we code)
+
+
+def _canonical_json(header: dict) -> bytes:
+    return json.dumps(
+        header, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def pack(header: dict, payload_words: np.ndarray) -> bytes:
+    """Build the bytes of a .sfc file. Raises ValueError for a header we could not read back."""
+    if not isinstance(header, dict):
+        raise ValueError("header must be a dict")
+    js = _canonical_json(header)
+    if len(js) > MAX_HEADER_BYTES:
+        raise ValueError(f"header is {len(js)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+    hb = comp.compress(js) + comp.flush()
+    words = np.asarray(payload_words)
+    if words.ndim != 1 or words.dtype != np.uint32:
+        raise ValueError("payload_words must be a 1-D uint32 array")
+    pb = words.astype("<u4").tobytes()
+    head = _FIXED.pack(FORMAT_VERSION, 0, len(hb)) + hb
+    return b"".join(
+        [
+            MAGIC,
+            head,
+            _U32.pack(zlib.crc32(head)),
+            _U64.pack(len(pb)),
+            pb,
+            _U32.pack(zlib.crc32(pb)),
+        ]
+    )
+
+
+def _parse_header(data: bytes) -> tuple[dict, int]:
+    """Check everything up to the header CRC; return (header, offset just after it)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("expected bytes")
+    data = memoryview(data)
+    n = len(data)
+    if n < len(MAGIC):
+        if n and bytes(data) == MAGIC[:n]:
+            raise BadFileError(f"truncated .sfc file: {n} bytes, cut inside the magic number")
+        raise BadFileError("not a .sfc file (too short to hold the magic number)")
+    if bytes(data[: len(MAGIC)]) != MAGIC:
+        raise BadFileError("not a .sfc file (wrong magic number)")
+    pos = len(MAGIC)
+    if n < pos + _FIXED.size:
+        raise BadFileError("truncated .sfc file: cut inside the fixed header")
+    version, reserved, hlen = _FIXED.unpack_from(data, pos)
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"format version {version} not supported by this release (supports {FORMAT_VERSION})"
+        )
+    if hlen > MAX_HEADER_BYTES:
+        raise BadFileError(
+            f"corrupt .sfc file: declared header length {hlen} exceeds the "
+            f"{MAX_HEADER_BYTES}-byte limit"
+        )
+    end = pos + _FIXED.size + hlen
+    if n < end + _U32.size:
+        raise BadFileError(
+            f"truncated .sfc file: cut inside the header (declares {hlen} header bytes, "
+            f"{max(0, n - pos - _FIXED.size)} present before the CRC)"
+        )
+    (crc,) = _U32.unpack_from(data, end)
+    if zlib.crc32(data[pos:end]) != crc:
+        raise BadFileError("corrupt .sfc file: header CRC mismatch")
+    if reserved != 0:
+        raise BadFileError("corrupt .sfc file: reserved field is not zero")
+    inflater = zlib.decompressobj(-15, ZDICT)
+    try:
+        # bounded: a deflate bomb stops at MAX_HEADER_BYTES + 1
+        raw = inflater.decompress(bytes(data[pos + _FIXED.size : end]), MAX_HEADER_BYTES + 1)
+    except zlib.error:
+        raise BadFileError("corrupt .sfc file: header does not inflate") from None
+    if len(raw) > MAX_HEADER_BYTES:
+        raise BadFileError(f"corrupt .sfc file: header inflates beyond {MAX_HEADER_BYTES} bytes")
+    if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        raise BadFileError("corrupt .sfc file: header deflate stream is incomplete or has trailing bytes")
+    try:
+        header = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        canonical = _canonical_json(header)  # fails on lone surrogates, which UTF-8 can't hold
+    except (ValueError, RecursionError) as e:  # UnicodeError is a ValueError
+        why = type(e).__name__
+        raise BadFileError(f"corrupt .sfc file: header not valid JSON ({why})") from None
+    if not isinstance(header, dict):
+        raise BadFileError("corrupt .sfc file: header is not a JSON object")
+    if canonical != raw:
+        raise BadFileError("corrupt .sfc file: header JSON is not in canonical form")
+    return header, end + _U32.size
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def peek_header(data: bytes) -> dict:
+    """The header alone (for `info`): magic, version, header CRC and JSON; not the payload."""
+    return _parse_header(data)[0]
+
+
+def unpack(data: bytes) -> tuple[dict, np.ndarray]:
+    """(header, payload words as native uint32) from the bytes of a .sfc file, fully checked."""
+    header, pos = _parse_header(data)
+    data = memoryview(data)
+    n = len(data)
+    if n < pos + _U64.size:
+        raise BadFileError("truncated .sfc file: cut inside the payload length")
+    (plen,) = _U64.unpack_from(data, pos)
+    pos += _U64.size
+    rest = n - pos
+    if plen + _U32.size > rest:
+        raise BadFileError(
+            f"truncated .sfc file: declared payload size ({plen} bytes) is larger than the file "
+            f"(holds {max(0, rest - _U32.size)})"
+        )
+    if plen + _U32.size < rest:
+        extra = rest - plen - _U32.size
+        raise BadFileError(f"corrupt .sfc file: {extra} trailing bytes after the payload")
+    if plen % 4:
+        raise BadFileError(f"corrupt .sfc file: payload size {plen} is not a whole number of words")
+    payload = data[pos : pos + plen]
+    (crc,) = _U32.unpack_from(data, pos + plen)
+    if zlib.crc32(payload) != crc:
+        raise BadFileError("corrupt .sfc file: payload CRC mismatch")
+    words = np.frombuffer(payload, dtype="<u4").astype(np.uint32)
+    if len(words) and words[-1] == 0:
+        raise BadFileError("corrupt .sfc file: payload does not end in a nonzero ANS word")
+    return header, words
+
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",
+               float: "a number", bool: "true/false"}
+
+
+def require(header: dict, key: str, typ: type | tuple[type, ...]) -> Any:
+    """header[key], or BadFileError when it is missing or not of type `typ` (bool is not int)."""
+    if key not in header:
+        raise BadFileError(f"corrupt .sfc file: header field '{key}' is missing")
+    value = header[key]
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if float in types and not isinstance(value, bool) and isinstance(value, int):
+        return value  # JSON has one number type; 1 is a fine float
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+        raise BadFileError(
+            f"corrupt .sfc file: header field '{key}' should be {want}, got {type(value).__name__}"
+        )
+    return value

@@ -1,0 +1,53 @@
+"""Errors a user can cause, one type per failure, each with the exit code the CLI uses.
+
+The CLI turns any of these into a one-line message and ``exit_code``; anything else is a bug.
+"""
+from __future__ import annotations
+
+
+class SfcError(Exception):
+    """Base class of every error a user can cause."""
+
+    exit_code = 1
+
+
+class BadImageError(SfcError):
+    """The input is not an image we can read (not an image, truncated, animated...)."""
+
+    exit_code = 3
+
+
+class UnsupportedImageError(BadImageError):
+    """A readable image in a mode or bit depth this codec does not code losslessly."""
+
+
+class BadFileError(SfcError):
+    """A .sfc file that is truncated, corrupt, or not a .sfc file at all."""
+
+    exit_code = 4
+
+
+class UnsupportedVersionError(BadFileError):
+    """A .sfc file written by a newer (or unknown) format version."""
+
+
+class ModelError(SfcError):
+    """A model that cannot be found or loaded."""
+
+    exit_code = 5
+
+
+class ModelMismatchError(ModelError):
+    """A .sfc file made with another model (sha256 differs) or a setup we can't reproduce."""
+
+
+class OutputExistsError(SfcError):
+    """The output path exists and --force was not given."""
+
+    exit_code = 6
+
+
+class DecodeMismatchError(SfcError):
+    """Decoding did not reproduce the encoder's pixels (CRC mismatch): nothing is written."""
+
+    exit_code = 7

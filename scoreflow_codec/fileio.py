@@ -1,0 +1,32 @@
+"""Writing files so that a failure never leaves a partial or half-replaced file behind."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, fsync, then rename it over `path`.
+
+    The file gets the permissions a plain open() would give (0666 minus the umask), not
+    mkstemp's private 0600.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

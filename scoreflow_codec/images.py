@@ -1,0 +1,235 @@
+"""Reading and writing users' images, and what "lossless" means for each mode.
+
+Lossless here means: the decoded file holds exactly the pixels Pillow gives for the input, in the
+input's mode. EXIF orientation is not applied (a rotated JPEG comes back with the same stored
+pixels and the same orientation tag semantics lost, since only pixels are coded).
+
+Modes coded:
+  RGB, L, 1 (as L 0/255)         -> colour planes through the model
+  RGBA, LA                       -> colour planes through the model + alpha with the seed codec
+                                    (a constant alpha is stored in the header, free)
+  P (palette), PA                -> palette colours through the model when the palette has no
+                                    duplicate colours (indices are restored exactly), else the
+                                    index plane with the seed codec; transparency kept
+Refused with a clear message: 16-bit / 32-bit / float (I;16, I, F), CMYK, YCbCr, LAB, HSV,
+premultiplied (RGBa, La), animations, and anything Pillow can't open.
+"""
+from __future__ import annotations
+
+import io
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from .errors import BadImageError, UnsupportedImageError
+
+LOSSLESS_SAVE = {".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP", ".ppm": "PPM",
+                 ".pgm": "PPM", ".pnm": "PPM", ".webp": "WEBP"}
+MAX_PIXELS = 100_000_000  # per image; bigger needs more memory than a laptop has to spare
+
+
+@dataclass
+class SourceImage:
+    """An image as the codec sees it."""
+
+    mode: str                       # mode to restore: RGB, RGBA, L, LA, 1, P, PA
+    color: np.ndarray | None        # uint8 [C, H, W], C in {1, 3}: coded by the model
+    extra: np.ndarray | None        # uint8 [E, H, W]: alpha or palette indices (seed codec)
+    meta: dict = field(default_factory=dict)  # palette, transparency, constant alpha ...
+
+    @property
+    def size(self) -> tuple[int, int]:
+        ref = self.color if self.color is not None else self.extra
+        return int(ref.shape[2]), int(ref.shape[1])
+
+    @property
+    def num_dims(self) -> int:
+        """The dims bits/dim counts: all channels of the restored image (index plane for P)."""
+        w, h = self.size
+        return w * h * channels_of(self.mode)
+
+
+def channels_of(mode: str) -> int:
+    return {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[mode]
+
+
+def pixel_crc(img: Image.Image) -> int:
+    """CRC32 of the pixels as Pillow gives them (mode and size included)."""
+    arr = np.asarray(img)
+    head = f"{img.mode}:{img.size[0]}x{img.size[1]}:".encode()
+    return zlib.crc32(arr.tobytes(), zlib.crc32(head)) & 0xFFFFFFFF
+
+
+def _planes(arr: np.ndarray) -> np.ndarray:
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return np.ascontiguousarray(arr.transpose(2, 0, 1).astype(np.uint8))
+
+
+def _split_alpha(arr: np.ndarray, meta: dict) -> np.ndarray | None:
+    """Alpha plane [1, H, W] for the seed codec, or None when constant (kept in meta)."""
+    a = arr[..., -1]
+    if (a == a.flat[0]).all():
+        meta["alpha_const"] = int(a.flat[0])
+        return None
+    return _planes(a)
+
+
+def from_pil(img: Image.Image) -> SourceImage:
+    """Pillow image -> SourceImage, refusing what can't be coded losslessly."""
+    if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
+        raise UnsupportedImageError(f"animated images are not supported ({img.n_frames} frames); extract one frame first")
+    mode = img.mode
+    w, h = img.size
+    if w < 1 or h < 1:
+        raise BadImageError("image has no pixels")
+    if w * h > MAX_PIXELS:
+        raise UnsupportedImageError(f"image too large: {w}x{h} pixels (limit {MAX_PIXELS})")
+    meta: dict = {}
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F", "I;32"):
+        raise UnsupportedImageError(f"{mode} images (16/32-bit or float) are not supported: only 8 bits per channel")
+    if mode in ("CMYK", "YCbCr", "LAB", "HSV"):
+        raise UnsupportedImageError(f"{mode} images are not supported: convert to RGB first")
+    if mode in ("RGBa", "La"):
+        raise UnsupportedImageError(f"premultiplied-alpha mode {mode} is not supported")
+    if mode == "RGB":
+        return SourceImage("RGB", _planes(np.asarray(img)), None, meta)
+    if mode == "L":
+        return SourceImage("L", _planes(np.asarray(img)), None, meta)
+    if mode == "1":
+        return SourceImage("1", _planes(np.asarray(img.convert("L"))), None, meta)
+    if mode == "RGBA":
+        arr = np.asarray(img)
+        return SourceImage("RGBA", _planes(arr[..., :3]), _split_alpha(arr, meta), meta)
+    if mode == "LA":
+        arr = np.asarray(img)
+        return SourceImage("LA", _planes(arr[..., :1]), _split_alpha(arr, meta), meta)
+    if mode in ("P", "PA"):
+        return _from_palette(img, meta)
+    raise UnsupportedImageError(f"image mode {mode} is not supported")
+
+
+def _from_palette(img: Image.Image, meta: dict) -> SourceImage:
+    pal_mode, pal_bytes = img.palette.getdata() if img.palette is not None else ("RGB", b"")
+    if pal_mode not in ("RGB", "RGBA") or not pal_bytes:
+        raise UnsupportedImageError(f"palette of kind {pal_mode!r} is not supported")
+    stride = len(pal_mode)
+    pal = np.frombuffer(pal_bytes, dtype=np.uint8).reshape(-1, stride)
+    arr = np.asarray(img)
+    idx = arr if img.mode == "P" else arr[..., 0]
+    meta["palette_mode"] = pal_mode
+    meta["palette"] = pal_bytes.hex()
+    if "transparency" in img.info:
+        tr = img.info["transparency"]
+        meta["transparency"] = tr.hex() if isinstance(tr, bytes) else int(tr)
+    extra_planes = []
+    used = np.unique(idx)
+    colors = pal[:, :3]
+    if used.max() < len(pal) and len({tuple(c) for c in colors[used]}) == len(used):
+        meta["palette_coded"] = "colors"
+        meta["palette_used"] = used.astype(int).tolist()
+        color = _planes(colors[idx])
+    else:
+        meta["palette_coded"] = "indices"
+        color = None
+        extra_planes.append(idx)
+    if img.mode == "PA":
+        extra_planes.append(arr[..., 1])
+    extra = np.stack([p.astype(np.uint8) for p in extra_planes]) if extra_planes else None
+    return SourceImage(img.mode, color, extra, meta)
+
+
+def load_image(path: str | os.PathLike) -> SourceImage:
+    p = Path(path)
+    if not p.exists():
+        raise BadImageError(f"{p}: no such file")
+    if p.is_dir():
+        raise BadImageError(f"{p}: is a directory, not an image")
+    try:
+        with Image.open(p) as img:
+            img.load()
+            return from_pil(img)
+    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+        raise BadImageError(f"{p}: not an image Pillow can read ({e.__class__.__name__})") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise BadImageError(f"{p}: cannot read image ({e})") from None
+
+
+def from_array(arr: np.ndarray) -> SourceImage:
+    """uint8 [H, W] or [H, W, C] (C = 1, 2, 3, 4) -> SourceImage."""
+    arr = np.asarray(arr)
+    if arr.dtype != np.uint8:
+        raise UnsupportedImageError(f"arrays must be uint8, got {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    modes = {2: "L", 3: {2: "LA", 3: "RGB", 4: "RGBA"}}
+    mode = "L" if arr.ndim == 2 else modes[3].get(arr.shape[2]) if arr.ndim == 3 else None
+    if mode is None:
+        raise UnsupportedImageError(f"array of shape {arr.shape} is not an image")
+    return from_pil(Image.fromarray(arr, mode))
+
+
+def to_pil(src: SourceImage) -> Image.Image:
+    """SourceImage -> Pillow image in the original mode."""
+    m = src.meta
+    w, h = src.size
+    if src.mode in ("P", "PA"):
+        pal = np.frombuffer(bytes.fromhex(m["palette"]), dtype=np.uint8).reshape(-1, len(m["palette_mode"]))
+        if m["palette_coded"] == "colors":
+            lut = {tuple(pal[i, :3]): i for i in m["palette_used"]}
+            rgb = src.color.transpose(1, 2, 0).reshape(-1, 3)
+            keys = (rgb[:, 0].astype(np.int64) << 16) | (rgb[:, 1].astype(np.int64) << 8) | rgb[:, 2]
+            table = {(int(r) << 16) | (int(g) << 8) | int(b): i for (r, g, b), i in lut.items()}
+            uniq, inv = np.unique(keys, return_inverse=True)
+            try:
+                mapped = np.array([table[int(k)] for k in uniq], dtype=np.uint8)
+            except KeyError:
+                raise BadImageError("decoded colours are not in the palette") from None
+            idx = mapped[inv].reshape(h, w)
+            alpha_plane = src.extra[0] if src.extra is not None else None
+        else:
+            idx = src.extra[0]
+            alpha_plane = src.extra[1] if src.extra is not None and len(src.extra) > 1 else None
+        if src.mode == "PA":
+            img = Image.fromarray(np.stack([idx, alpha_plane], -1), "LA")
+            img = Image.frombytes("PA", (w, h), img.tobytes())
+        else:
+            img = Image.fromarray(idx, "L")
+            img = Image.frombytes("P", (w, h), img.tobytes())
+        img.putpalette(bytes.fromhex(m["palette"]), m["palette_mode"])
+        if "transparency" in m:
+            tr = m["transparency"]
+            img.info["transparency"] = bytes.fromhex(tr) if isinstance(tr, str) else tr
+        return img
+    color = src.color.transpose(1, 2, 0)
+    if src.mode in ("RGBA", "LA"):
+        alpha = src.extra[0] if src.extra is not None else np.full((h, w), m["alpha_const"], dtype=np.uint8)
+        arr = np.concatenate([color, alpha[:, :, None]], axis=2)
+        return Image.fromarray(arr, src.mode)
+    if src.mode == "RGB":
+        return Image.fromarray(np.ascontiguousarray(color), "RGB")
+    gray = Image.fromarray(np.ascontiguousarray(color[:, :, 0]), "L")
+    return gray.convert("1") if src.mode == "1" else gray
+
+
+def encode_image(img: Image.Image, suffix: str) -> bytes:
+    """A lossless file of the format the suffix names (refuses lossy formats and modes a format can't hold)."""
+    fmt = LOSSLESS_SAVE.get(suffix.lower())
+    if fmt is None:
+        raise UnsupportedImageError(f"output must be a lossless format ({', '.join(sorted(LOSSLESS_SAVE))}), not {suffix!r}")
+    if fmt == "WEBP" and img.mode not in ("RGB", "RGBA"):
+        raise UnsupportedImageError(f"WebP cannot hold mode {img.mode} losslessly; use .png")
+    if fmt == "PPM" and img.mode not in ("RGB", "L", "1"):
+        raise UnsupportedImageError(f"PPM cannot hold mode {img.mode}; use .png")
+    if fmt == "BMP" and img.mode in ("LA", "PA"):
+        raise UnsupportedImageError(f"BMP cannot hold mode {img.mode}; use .png")
+    kw: dict = {"lossless": True, "exact": True} if fmt == "WEBP" else {}
+    if fmt == "PNG" and "transparency" in img.info:
+        kw["transparency"] = img.info["transparency"]
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()

@@ -1,0 +1,88 @@
+"""Shipped models by name: `zoo/index.json` maps names to packaged model files with their sha256.
+
+index.json = {"models": {name: {"file", "sha256", "description", "image_size"}}, "default": name | null}
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import ModelError
+from .modelfile import LoadedModel, file_sha256, load_model_file
+
+ZOO_DIR = Path(__file__).resolve().parent / "zoo"
+
+
+def _index() -> dict:
+    path = ZOO_DIR / "index.json"
+    try:
+        index = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"models": {}, "default": None}
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"model zoo index {path} is unreadable ({e})") from None
+    index.setdefault("models", {})
+    index.setdefault("default", None)
+    return index
+
+
+def list_models() -> list[dict]:
+    """[{name, file, sha256, description, image_size, default}] in index order."""
+    index = _index()
+    return [{"name": n, **e, "default": n == index["default"]} for n, e in index["models"].items()]
+
+
+def default_model() -> str | None:
+    return _index()["default"]
+
+
+def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu") -> LoadedModel:
+    """An existing path -> that file; a name in the index -> the packaged file, sha256 checked;
+    None -> the index's default. Anything else raises ModelError listing the shipped names."""
+    index = _index()
+    if name_or_path is None:
+        name_or_path = index["default"]
+        if name_or_path is None:
+            raise ModelError("no model given and no default model ships with this installation; pass a model file")
+    if Path(name_or_path).is_file():
+        return load_model_file(name_or_path, device)
+    name = str(name_or_path)
+    if name not in index["models"]:
+        names = ", ".join(index["models"]) or "none"
+        raise ModelError(f"unknown model {name!r}: not a file, and not a shipped model (shipped: {names})")
+    entry = index["models"][name]
+    path = ZOO_DIR / entry["file"]
+    if not path.is_file():
+        raise ModelError(f"shipped model {name!r} is missing its file {path}")
+    sha = file_sha256(path)
+    if sha != entry["sha256"]:
+        raise ModelError(f"shipped model {name!r} is corrupt: sha256 {sha[:12]}... differs from the index")
+    loaded = load_model_file(path, device)
+    loaded.name = name
+    return loaded
+
+
+def auto_model_name(sizes: list[tuple[int, int]]) -> str:
+    """`--model auto`: images up to 64x64 take the CIFAR-10 model, larger ones the photo model
+    (when one ships; else the default)."""
+    index = _index()
+    names = index["models"]
+    small = all(w <= 64 and h <= 64 for w, h in sizes) if sizes else True
+    for cand in (["cifar10"] if small else ["photo", "cifar10"]):
+        if cand in names:
+            return cand
+    if index["default"]:
+        return index["default"]
+    raise ModelError("no model ships with this installation; pass --model PATH to an exported model")
+
+
+def model_for_header(header: dict, device: str = "cpu") -> LoadedModel:
+    """The shipped model a .sfc file names (by name, then by sha256)."""
+    want = header.get("model", {})
+    index = _index()
+    for name, entry in index["models"].items():
+        if entry.get("sha256") == want.get("sha256"):
+            return load_model(name, device)
+    raise ModelError(f"the file was made with model {want.get('name', '?')} (sha256 {str(want.get('sha256'))[:12]}...), "
+                     "which does not ship with this installation; pass --model PATH to that model file")

@@ -1,0 +1,191 @@
+"""The .sfc envelope (container.py): golden bytes, round trips, and a parser that fails cleanly."""
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from scoreflow_codec.container import (
+    ZDICT,
+    FORMAT_VERSION,
+    MAGIC,
+    MAX_HEADER_BYTES,
+    pack,
+    peek_header,
+    require,
+    unpack,
+)
+from scoreflow_codec.errors import BadFileError, UnsupportedVersionError
+
+GOLDEN = Path(__file__).parent / "golden" / "container_v1.bin"
+GOLDEN_HEADER = {
+    "format": "sfc",
+    "images": [{"crc32": 305419896, "height": 2, "mode": "RGB", "width": 3}],
+    "model": {"name": "toy", "sha256": "0" * 64},
+    "settings": {"lattice_bits": 8, "mode": "ode", "steps": 128},
+}
+GOLDEN_WORDS = np.array([1674306020, 72105175, 3868737664, 2503666544, 1943223142], dtype=np.uint32)
+
+
+def test_golden_bitstream():
+    # A change here is a format change: bump FORMAT_VERSION and keep reading version 1.
+    data = GOLDEN.read_bytes()
+    assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == data
+    header, words = unpack(data)
+    assert header == GOLDEN_HEADER and np.array_equal(words, GOLDEN_WORDS)
+    assert words.dtype == np.uint32
+    assert peek_header(data) == GOLDEN_HEADER
+    assert data[:8] == MAGIC and struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=10),
+            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+            max_leaves=10,
+        ),
+        max_size=5,
+    ),
+    st.lists(st.integers(0, 2**32 - 1), max_size=20),
+)
+def test_roundtrip(header, words):
+    w = np.array(words, dtype=np.uint32)
+    if len(w) and w[-1] == 0:
+        w[-1] = 1
+    data = pack(header, w)
+    h, w2 = unpack(data)
+    assert h == header and np.array_equal(w2, w)
+    assert pack(h, w2) == data
+
+
+def test_pack_refuses_bad_input():
+    with pytest.raises(ValueError):
+        pack({"x": float("nan")}, np.zeros(0, np.uint32))
+    with pytest.raises(ValueError):
+        pack({"x": "a" * MAX_HEADER_BYTES}, np.zeros(0, np.uint32))
+    with pytest.raises(ValueError):
+        pack({}, np.zeros(3, np.int64))
+    with pytest.raises(ValueError):
+        pack([], np.zeros(0, np.uint32))  # type: ignore[arg-type]
+
+
+def _msg(data: bytes) -> str:
+    with pytest.raises(BadFileError) as e:
+        unpack(data)
+    msg = str(e.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def _deflate(b: bytes) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+    return c.compress(b) + c.flush()
+
+
+def _rebuild(version=1, reserved=0, header=b"{}", hlen=None, payload=b"", plen=None, tail=b"", raw=False):
+    header = header if raw else _deflate(header)
+    head = struct.pack("<HHI", version, reserved, len(header) if hlen is None else hlen) + header
+    return (
+        MAGIC + head + struct.pack("<I", zlib.crc32(head))
+        + struct.pack("<I", len(payload) if plen is None else plen) + payload
+        + struct.pack("<I", zlib.crc32(payload)) + tail
+    )
+
+
+def test_each_error_says_what_is_wrong():
+    good = GOLDEN.read_bytes()
+    assert "not a .sfc file" in _msg(b"")
+    assert "not a .sfc file" in _msg(b"\x89PNG\r\n\x1a\n" + good[8:])
+    assert "magic" in _msg(MAGIC[:5])
+    assert "fixed header" in _msg(good[:12])
+    assert "header" in _msg(good[:40])
+    assert "payload length" in _msg(good[: len(good) - 20 - 4 - 4 + 3])
+    assert "larger than the file" in _msg(good[:-1])
+    assert "trailing bytes" in _msg(good + b"\0")
+    assert "header CRC" in _msg(good[:20] + bytes([good[20] ^ 1]) + good[21:])
+    assert "payload CRC" in _msg(good[:-6] + bytes([good[-6] ^ 1]) + good[-5:])
+    assert "limit" in _msg(_rebuild(hlen=MAX_HEADER_BYTES + 1))
+    assert "reserved" in _msg(_rebuild(reserved=1))
+    assert "not valid JSON" in _msg(_rebuild(header=b"{nope"))
+    assert "not valid JSON" in _msg(_rebuild(header=b"\xff\xfe"))
+    assert "not valid JSON" in _msg(_rebuild(header=b"[" * 100_000 + b"]" * 100_000))
+    assert "not valid JSON" in _msg(_rebuild(header=b'{"a":NaN}'))
+    assert "not valid JSON" in _msg(_rebuild(header=b'{"a":"\\ud800"}'))
+    assert "not a JSON object" in _msg(_rebuild(header=b"[]"))
+    assert "canonical" in _msg(_rebuild(header=b'{"b":1, "a":2}'))
+    assert "whole number of words" in _msg(_rebuild(payload=b"\1\2\3"))
+    assert "nonzero" in _msg(_rebuild(payload=b"\1\0\0\0\0\0\0\0"))
+    # A huge declared payload is compared with the file, never allocated.
+    assert "larger than the file" in _msg(_rebuild(plen=2**32 - 1))
+    # the header is deflated: garbage, a truncated stream, trailing bytes and bombs are refused
+    assert "does not inflate" in _msg(_rebuild(header=b"\xff\xff\xff", raw=True))
+    assert "incomplete" in _msg(_rebuild(header=_deflate(b"{}")[:-1], raw=True))
+    assert "trailing" in _msg(_rebuild(header=_deflate(b"{}") + b"x", raw=True))
+    assert "inflates beyond" in _msg(_rebuild(header=b'{"a":"' + b"a" * (MAX_HEADER_BYTES + 10) + b'"}'))
+    with pytest.raises(UnsupportedVersionError) as e:
+        unpack(_rebuild(version=2))
+    assert str(e.value) == "format version 2 not supported by this release (supports 1)"
+    with pytest.raises(UnsupportedVersionError):
+        peek_header(_rebuild(version=0))
+
+
+def test_peek_header_ignores_a_damaged_payload():
+    good = GOLDEN.read_bytes()
+    assert peek_header(good[:-3]) == GOLDEN_HEADER
+    with pytest.raises(BadFileError):
+        unpack(good[:-3])
+
+
+def test_every_truncation_fails():
+    good = GOLDEN.read_bytes()
+    for k in range(len(good)):
+        with pytest.raises(BadFileError):
+            unpack(good[:k])
+
+
+def test_every_single_bit_flip_fails():
+    good = bytearray(GOLDEN.read_bytes())
+    for i in range(len(good)):
+        for b in range(8):
+            bad = bytearray(good)
+            bad[i] ^= 1 << b
+            with pytest.raises(BadFileError):
+                unpack(bytes(bad))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=400), st.booleans())
+def test_random_bytes_fail_cleanly(data, with_magic):
+    with pytest.raises(BadFileError):
+        unpack((MAGIC + data) if with_magic else data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 286), st.integers(0, 255)), min_size=1, max_size=6))
+def test_random_corruption_fails_cleanly(edits):
+    good = bytearray(GOLDEN.read_bytes())
+    bad = bytearray(good)
+    for i, v in edits:
+        bad[i % len(bad)] = v
+    if bad == good:
+        return
+    with pytest.raises(BadFileError):  # CRC32 misses one corruption in 2**32
+        unpack(bytes(bad))
+
+
+def test_require():
+    h = {"n": 3, "flag": True, "x": 1.5, "one": 1, "name": "a", "l": []}
+    assert require(h, "n", int) == 3
+    assert require(h, "x", float) == 1.5 and require(h, "one", float) == 1
+    assert require(h, "flag", bool) is True
+    assert require(h, "l", (list, dict)) == []
+    for key, typ in [("missing", int), ("flag", int), ("name", int), ("x", int), ("n", str)]:
+        with pytest.raises(BadFileError) as e:
+            require(h, key, typ)
+        assert key in str(e.value)

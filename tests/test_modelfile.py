@@ -1,0 +1,202 @@
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from safetensors.torch import save_file
+
+from scoreflow_codec import modelfile, zoo
+from scoreflow_codec.dequant import DequantConfig, UniformDequantizer
+from scoreflow_codec.errors import ModelError
+from scoreflow_codec.modelfile import load_model_file, save_model
+from scoreflow_codec.models.presets import build
+from scoreflow_codec.sde import SDEConfig
+
+torch.set_num_threads(1)
+
+
+def _trained_like(seed: int = 0, sde: str = "vp"):
+    """The tiny preset with every zero-initialised weight randomised (as if trained)."""
+    torch.manual_seed(seed)
+    model, deq = build("tiny", SDEConfig(kind=sde))
+    with torch.no_grad():
+        for m in (model, deq):
+            for p in m.parameters():
+                if p.abs().sum() == 0:
+                    p.normal_(0, 0.05)
+    return model.eval(), deq.eval()
+
+
+def _outputs(model, deq):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 32, 32, generator=g)
+    t = torch.tensor([1e-5, 0.1, 0.5, 1.0])
+    xi = torch.randint(0, 256, (4, 3, 32, 32), generator=g, dtype=torch.uint8)
+    with torch.no_grad():
+        return model(x, t), deq.sample(xi, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("sde", ["vp", "ve"])
+def test_round_trip_is_bit_exact(tmp_path, sde):
+    model, deq = _trained_like(sde=sde)
+    path = tmp_path / "m.safetensors"
+    sha = save_model(path, model, deq, {"preset": "tiny", "info": {"name": "toy"}}, metadata={"steps": 3})
+    assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]  # no temp file left
+    lm = load_model_file(path)
+    assert lm.sha256 == sha and lm.name == "toy"
+    assert lm.config["preset"] == "tiny" and lm.config["info"] == {"name": "toy", "steps": 3}
+    assert lm.sde.config.kind == sde and lm.model.sde is lm.sde
+    assert not lm.model.training and not lm.dequantizer.training
+    for a, b in [(model, lm.model), (deq, lm.dequantizer)]:
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    (e1, (u1, q1)), (e2, (u2, q2)) = _outputs(model, deq), _outputs(lm.model, lm.dequantizer)
+    assert torch.equal(e1, e2) and torch.equal(u1, u2) and torch.equal(q1, q2)
+    # same content -> same bytes -> same sha256
+    assert save_model(tmp_path / "again.safetensors", lm.model, lm.dequantizer, lm.config) == sha
+
+
+def test_uniform_dequantizer_and_key_prefixes(tmp_path):
+    model, _ = _trained_like()
+    path = tmp_path / "u.safetensors"
+    save_model(path, model, UniformDequantizer(DequantConfig(kind="uniform", channel_groups=1)), {})
+    tensors = st_load(path.read_bytes())
+    assert all(k.startswith("model.") for k in tensors)
+    lm = load_model_file(path)
+    assert isinstance(lm.dequantizer, UniformDequantizer) and lm.name == "u"
+
+
+def test_float16_export(tmp_path):
+    model, deq = _trained_like()
+    p32, p16 = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_model(p32, model, deq, {}, dtype="float32")
+    save_model(p16, model, deq, {}, dtype="float16")
+    ratio = p16.stat().st_size / p32.stat().st_size
+    lm = load_model_file(p16)
+    assert all(v.dtype == torch.float32 for v in lm.model.state_dict().values())
+    assert lm.config and json.loads(json.dumps(lm.config))
+    (e1, (u1, q1)), (e2, (u2, q2)) = _outputs(model, deq), _outputs(lm.model, lm.dequantizer)
+    de, du, dq = (e1 - e2).abs().max().item(), (u1 - u2).abs().max().item(), (q1 - q2).abs().max().item()
+    print(f"fp16 export: size x{ratio:.3f}; max |d eps_hat| {de:.2e} (|eps_hat| max {e1.abs().max():.2f}), "
+          f"max |d u| {du:.2e}, max |d log_q| {dq:.2e} nats (log_q ~ {q1.abs().mean():.1f})")
+    assert ratio < 0.55
+    assert 0 < de < 2e-2 and du < 1e-2
+    with pytest.raises(ValueError):
+        save_model(p16, model, deq, {}, dtype="bfloat16")
+
+
+def test_config_must_match_modules(tmp_path):
+    model, deq = _trained_like()
+    with pytest.raises(ValueError, match="unet"):
+        save_model(tmp_path / "x.safetensors", model, deq, {"unet": {"channels": 999}})
+
+
+# --- bad files ------------------------------------------------------------------------------
+def _good(tmp_path) -> Path:
+    model, deq = _trained_like()
+    path = tmp_path / "good.safetensors"
+    save_model(path, model, deq, {})
+    return path
+
+
+def _rewrite(src: Path, dst: Path, tensors=None, meta=None) -> Path:
+    from safetensors import safe_open
+    with safe_open(str(src), "pt") as f:
+        m = dict(f.metadata())
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(t if tensors is None else tensors(t), str(dst), metadata=m if meta is None else meta(m))
+    return dst
+
+
+def _bad_files(tmp_path):
+    good = _good(tmp_path)
+    data = good.read_bytes()
+    (tmp_path / "random.bin").write_bytes(bytes(range(256)) * 10)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
+    (tmp_path / "plain.safetensors").write_bytes(st_save({"w": torch.zeros(2)}))
+    (tmp_path / "pickle.pt").write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
+    return {
+        "missing": (tmp_path / "nope.safetensors", "not found"),
+        "random": (tmp_path / "random.bin", "not a safetensors"),
+        "empty": (tmp_path / "empty.bin", "not a safetensors"),
+        "truncated": (tmp_path / "trunc.safetensors", "safetensors"),
+        "pickle": (tmp_path / "pickle.pt", "not a safetensors"),
+        "foreign": (tmp_path / "plain.safetensors", "not a scoreflow-codec model"),
+        "version": (_rewrite(good, tmp_path / "v.st", meta=lambda m: {**m, "format_version": "2"}), "version"),
+        "config": (_rewrite(good, tmp_path / "c.st", meta=lambda m: {**m, "config": "{not json"}), "bad model config"),
+        "no_unet": (_rewrite(good, tmp_path / "n.st",
+                             meta=lambda m: {**m, "config": json.dumps({"sde": {}, "dequant": {}})}), "unet"),
+        "missing_key": (_rewrite(good, tmp_path / "k.st",
+                                 tensors=lambda t: {k: v for k, v in t.items() if "conv_out.weight" not in k}),
+                        "missing model.net.conv_out.weight"),
+        "extra_key": (_rewrite(good, tmp_path / "e.st", tensors=lambda t: {**t, "dequant.foo": torch.zeros(1)}),
+                      "unexpected dequant.foo"),
+        "shape": (_rewrite(good, tmp_path / "s.st",
+                           tensors=lambda t: {**t, "model.net.conv_in.bias": torch.zeros(5)}), "shape"),
+    }
+
+
+def test_bad_files_raise_model_error(tmp_path):
+    for case, (path, words) in _bad_files(tmp_path).items():
+        with pytest.raises(ModelError) as e:
+            load_model_file(path)
+        msg = str(e.value)
+        assert words in msg and "\n" not in msg, (case, msg)
+
+
+def test_no_pickle_in_the_loaders():
+    for mod in (modelfile, zoo):
+        src = Path(mod.__file__).read_text()
+        assert "pickle" not in src.replace("No pickle", "") and "torch.load" not in src
+
+
+# --- zoo ------------------------------------------------------------------------------------
+def test_shipped_zoo_is_consistent():
+    """Every model the package ships exists, matches its sha256, loads, and the default is one
+    of them: what `sfcodec compress` relies on right after install."""
+    index = json.loads((zoo.ZOO_DIR / "index.json").read_text())
+    assert index["default"] in index["models"]
+    for name, entry in index["models"].items():
+        path = zoo.ZOO_DIR / entry["file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"], name
+        assert path.stat().st_size < 15 * 2**20, name
+        lm = zoo.load_model(name)
+        assert lm.name == name and lm.sha256 == entry["sha256"]
+        assert (zoo.ZOO_DIR / f"{name}.md").is_file(), f"{name} has no model card"
+
+
+def test_zoo(tmp_path, monkeypatch):
+    good = _good(tmp_path)
+    zdir = tmp_path / "zoo"
+    zdir.mkdir()
+    (zdir / "toy.safetensors").write_bytes(good.read_bytes())
+    (zdir / "bad.safetensors").write_bytes(good.read_bytes())
+    sha = hashlib.sha256(good.read_bytes()).hexdigest()
+    entry = dict(sha256=sha, description="a toy", image_size=32)
+    (zdir / "index.json").write_text(json.dumps({"models": {
+        "toy": {"file": "toy.safetensors", **entry},
+        "bad": {"file": "bad.safetensors", **{**entry, "sha256": "0" * 64}},
+        "gone": {"file": "gone.safetensors", **entry}}, "default": "toy"}))
+    monkeypatch.setattr(zoo, "ZOO_DIR", zdir)
+
+    assert [m["name"] for m in zoo.list_models()] == ["toy", "bad", "gone"]
+    assert zoo.list_models()[0]["default"] and zoo.default_model() == "toy"
+    lm = zoo.load_model("toy")
+    assert lm.name == "toy" and lm.sha256 == sha
+    assert zoo.load_model(None).name == "toy"
+    assert zoo.load_model(str(good)).sha256 == sha  # a path wins
+    for name, words in [("bad", "corrupt"), ("gone", "missing"), ("nothing", "shipped: toy, bad, gone")]:
+        with pytest.raises(ModelError, match=words):
+            zoo.load_model(name)
+
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "nowhere")
+    assert zoo.list_models() == []
+    with pytest.raises(ModelError, match="shipped: none"):
+        zoo.load_model("toy")
+    with pytest.raises(ModelError, match="no default"):
+        zoo.load_model(None)
