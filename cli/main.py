@@ -1,0 +1,329 @@
+"""sfcodec: lossless image compression with score-based diffusion models.
+
+Exit codes: 0 ok, 1 internal error, 2 usage error, 3 bad/unsupported input image,
+4 corrupt/truncated/foreign .sfc file, 5 model missing or not the file's model,
+6 output exists (use --force), 7 decode did not reproduce the pixels (nothing written),
+130 interrupted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from scoreflow_codec import __version__
+from scoreflow_codec.errors import BadFileError, OutputExistsError, SfcError
+from scoreflow_codec.fileio import atomic_write
+
+EPILOG_COMPRESS = """\b
+Examples:
+  sfcodec compress photo.png -o photo.sfc
+  sfcodec compress a.png b.png c.png -o set.sfc      # one stream: cheaper per image
+  sfcodec compress img.png -o img.sfc --mode chain   # faster, a little larger
+"""
+
+
+def _debug() -> bool:
+    return os.environ.get("SFCODEC_DEBUG") == "1"
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SfcError as e:
+            click.echo(f"sfcodec: error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("sfcodec: interrupted", err=True)
+            sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except MemoryError:
+            click.echo("sfcodec: error: out of memory (try --mode chain or smaller images)", err=True)
+            sys.exit(1)
+        except Exception as e:  # a bug: say so in one line; the traceback only on request
+            if _debug():
+                raise
+            click.echo(f"sfcodec: internal error: {e.__class__.__name__}: {e} "
+                       "(set SFCODEC_DEBUG=1 for the traceback, and please report it)", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, epilog="Exit codes: 0 ok, 2 usage, 3 bad image, 4 bad .sfc file, 5 model "
+                                "missing/mismatch, 6 output exists, 7 decode mismatch, 1 internal error.")
+@click.version_option(__version__, prog_name="sfcodec")
+@click.option("-v", "--verbose", is_flag=True, help="Log what happens.")
+def cli(verbose: bool) -> None:
+    """Lossless image compression with score-based diffusion models (ScoreFlow).
+
+    \b
+      sfcodec compress img.png -o img.sfc
+      sfcodec decompress img.sfc -o out.png
+      sfcodec info img.sfc
+      sfcodec verify img.png
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="sfcodec: %(message)s")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def _check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
+    for i in inputs:
+        if i.exists() and path.exists() and path.resolve() == i.resolve():
+            raise OutputExistsError(f"{path}: output would overwrite an input")
+    if path.exists() and not force:
+        raise OutputExistsError(f"{path} exists (use --force to overwrite)")
+    if path.exists() and path.is_dir():
+        raise OutputExistsError(f"{path} is a directory")
+    if not path.parent.exists():
+        raise OutputExistsError(f"{path.parent}: no such directory")
+
+
+@contextmanager
+def _progress(total: int, desc: str, quiet: bool):
+    if quiet or total <= 0:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        yield bar.update
+
+
+def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = None):
+    from scoreflow_codec import zoo
+
+    if spec == "auto":
+        spec = zoo.auto_model_name(sizes or [])
+    return zoo.load_model(spec, device=device)
+
+
+def _read_sfc(path: Path) -> bytes:
+    if not path.exists():
+        raise BadFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise BadFileError(f"{path}: is a directory")
+    return path.read_bytes()
+
+
+def _image_bytes(img, path: Path) -> bytes:
+    from scoreflow_codec import images
+
+    return images.encode_image(img, path.suffix)
+
+
+def _out_name(name: str | None, index: int, n: int) -> str:
+    if name:
+        return Path(name).stem + ".png"
+    return f"image_{index:0{max(4, len(str(n)))}d}.png"
+
+
+MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a path to an exported .safetensors."
+
+
+# --- commands ----------------------------------------------------------------------------------
+@cli.command(epilog=EPILOG_COMPRESS)
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="The .sfc file to write.")
+@click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
+@click.option("--mode", type=click.Choice(["ode", "chain"]), default="ode", show_default=True,
+              help="ode: probability-flow ODE (smallest files); chain: diffusion chain (faster).")
+@click.option("--steps", type=click.IntRange(2, 4096), default=None, help="Solver / chain steps (default: the mode's).")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda; decode on the same kind.")
+@click.option("--verify/--no-verify", "verify", default=None,
+              help="Decode before declaring success. Default: on where cheap (small inputs or chain mode).")
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+def compress(inputs, output, model, mode, steps, device, verify, force, quiet):
+    """Compress one or more images into one .sfc file."""
+    from scoreflow_codec import api, images
+
+    _check_output(output, force, list(inputs))
+    sources = [images.load_image(p) for p in inputs]
+    for src, p in zip(sources, inputs):
+        src.meta.setdefault("name", p.name)
+    m = _load_model(model, device, [s.size for s in sources])
+    settings = {"steps": steps} if steps else None
+    t0 = time.perf_counter()
+    with _progress(api.compress_work_units(sources, m, mode, settings), "encode", quiet) as tick:
+        data, rep = api.compress(sources, m, mode, settings, device=device, progress=tick)
+    enc_s = time.perf_counter() - t0
+    if verify is None:
+        verify = api.verify_is_cheap(sources, mode)
+    dec_s = None
+    if verify:
+        t1 = time.perf_counter()
+        with _progress(api.work_units(api.read_header(data)), "verify", quiet) as tick:
+            back = api.decompress(data, m, device=device, progress=tick)
+        dec_s = time.perf_counter() - t1
+        api.check_identical(sources, back)
+    atomic_write(output, data)
+    if not quiet:
+        msg = (f"{output}: {len(data)} bytes, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
+               f"[{mode}, model {m.name}] in {enc_s:.1f}s")
+        msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
+        click.echo(msg, err=True)
+
+
+@cli.command()
+@click.argument("input", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="Image file (.png, .tif, .bmp, .webp lossless) or, for several images, a directory.")
+@click.option("--model", default=None, help="Model to decode with (default: the one named in the file).")
+@click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
+@click.option("--force", is_flag=True, help="Overwrite existing outputs.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+def decompress(input, output, model, device, force, quiet):
+    """Decompress a .sfc file back to the identical pixels."""
+    from scoreflow_codec import api, images, zoo
+
+    data = _read_sfc(input)
+    header = api.read_header(data)
+    device = device or header["setup"].get("device", "cpu")
+    n = sum(run[3] for run in header["images"])
+    names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
+    if n == 1 and not output.is_dir():
+        targets = [output]
+    else:
+        if output.exists() and not output.is_dir():
+            raise OutputExistsError(f"{output}: the file holds {n} images; give a directory")
+        targets = [output / _out_name(nm, i, n) for i, nm in enumerate(names)]
+        if len(set(targets)) != len(targets):
+            targets = [output / _out_name(None, i, n) for i in range(n)]
+    for t in targets:
+        if t.suffix.lower() not in images.LOSSLESS_SAVE:
+            raise SfcError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")
+        if t.parent != output or output.exists():
+            _check_output(t, force, [input])
+    m = zoo.load_model(model or header["model"].get("name") or "", device=device) if model else zoo.model_for_header(header, device)
+    t0 = time.perf_counter()
+    with _progress(api.work_units(header), "decode", quiet) as tick:
+        sources = api.decompress(data, m, device=device, progress=tick)
+    blobs = [_image_bytes(images.to_pil(s), t) for s, t in zip(sources, targets)]
+    if len(targets) > 1 or targets[0].parent == output:
+        output.mkdir(parents=True, exist_ok=True)
+    for b, t in zip(blobs, targets):
+        atomic_write(t, b)
+    if not quiet:
+        click.echo(f"{input}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)", err=True)
+
+
+@cli.command()
+@click.argument("input", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
+def info(input, as_json):
+    """Show what a .sfc file holds (without decoding it)."""
+    from scoreflow_codec import api
+
+    data = _read_sfc(input)
+    h = api.read_header(data)
+    if as_json:
+        click.echo(json.dumps(h, indent=2, sort_keys=True))
+        return
+    n = sum(r[3] for r in h["images"])
+    dims = sum(r[0] * r[1] * {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[r[2]] * r[3] for r in h["images"])
+    click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
+    click.echo(f"format:    .sfc v{h.get('_format_version', 1)}, written by {h.get('codec', '?')}")
+    click.echo(f"model:     {h['model'].get('name', '?')} (sha256 {h['model']['sha256']})")
+    ms, ss = api.full_settings(h)
+    st = ", ".join(f"{k}={v}" for k, v in sorted(ms.items()))
+    click.echo(f"mode:      {h['mode']} ({st})")
+    s = h["setup"]
+    click.echo(f"setup:     {s.get('device')} {s.get('dtype')}, micro-batch {s.get('micro_batch')}, "
+               f"torch {s.get('torch')}, {s.get('threads')} threads")
+    click.echo(f"images:    {n}")
+    for w, hh, mode, count in h["images"][:20]:
+        click.echo(f"           {count} x {w}x{hh} {mode}")
+    if len(h["images"]) > 20:
+        click.echo(f"           ... {len(h['images']) - 20} more runs")
+    f = h["fields"]
+    click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles")
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
+@click.option("--mode", type=click.Choice(["ode", "chain"]), default="ode", show_default=True)
+@click.option("--steps", type=click.IntRange(2, 4096), default=None)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-q", "--quiet", is_flag=True)
+def verify(inputs, model, mode, steps, device, as_json, quiet):
+    """Compress and decompress in memory, check the pixels are identical, report size and time."""
+    from scoreflow_codec import api, images
+
+    sources = [images.load_image(p) for p in inputs]
+    m = _load_model(model, device, [s.size for s in sources])
+    settings = {"steps": steps} if steps else None
+    t0 = time.perf_counter()
+    with _progress(api.compress_work_units(sources, m, mode, settings), "encode", quiet) as tick:
+        data, rep = api.compress(sources, m, mode, settings, device=device, progress=tick)
+    t1 = time.perf_counter()
+    with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
+        back = api.decompress(data, m, device=device, progress=tick)
+    t2 = time.perf_counter()
+    api.check_identical(sources, back)
+    out = {"images": len(sources), "bytes": len(data), "bpd": rep.bpd, "mode": mode, "model": m.name,
+           "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True}
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes, {rep.bpd:.3f} bits/dim "
+                   f"[{mode}, model {m.name}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical")
+
+
+@cli.command(name="eval")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--limit", type=int, default=None, help="Use the first N images (of an .npz).")
+@click.option("--no-ode", is_flag=True, help="Bound only (the ODE NLL is the slow part).")
+@click.option("--n-t", type=int, default=1000, show_default=True, help="Time samples for the bound.")
+@click.option("--rtol", type=float, default=1e-5, show_default=True)
+@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, seed, as_json):
+    """Bits/dim a model assigns: the likelihood bound and the ODE NLL (the paper's numbers).
+
+    INPUTS are image files or .npz files of uint8 images (key "images").
+    """
+    from scoreflow_codec import api
+
+    arrays, names = api.load_eval_inputs(inputs, limit)
+    m = _load_model(model, device, [(a.shape[1], a.shape[0]) for a in arrays])
+    rows = api.evaluate_images(arrays, m, device=device, ode=not no_ode, n_t=n_t, rtol=rtol, atol=atol, seed=seed)
+    for r, nm in zip(rows, names):
+        r["image"] = nm
+    summary = api.summarize(rows)
+    if as_json:
+        click.echo(json.dumps({"model": m.name, "sha256": m.sha256, "rows": rows, "mean": summary}, indent=2))
+        return
+    cols = [k for k in ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd") if k in summary]
+    click.echo("image".ljust(24) + "".join(c.rjust(18) for c in cols))
+    for r in rows:
+        click.echo(str(r["image"])[:24].ljust(24) + "".join(f"{r[c]:18.4f}" for c in cols))
+    click.echo("mean".ljust(24) + "".join(f"{summary[c]:18.4f}" for c in cols))
+
+
+@cli.command()
+def models():
+    """List the shipped models."""
+    from scoreflow_codec import zoo
+
+    for e in zoo.list_models():
+        click.echo(f"{e['name']:12s} {e.get('description', '')}")
+
+
+def main() -> None:
+    cli(prog_name="sfcodec")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The trainer: a tiny model's bound falls, resume restores everything, checkpoints obey the size
+limit, export gives a model the codec loads, DDP runs under torchrun (CPU, gloo)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from scoreflow_codec.modelfile import load_model_file
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig
+from trainer.data import CropSampler, load_images
+from trainer.train import export, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cifar_small(shared_data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    with np.load(shared_data / "cifar10" / "train.npz") as z:
+        np.savez(d / "train.npz", images=z["images"][:512])
+    with np.load(shared_data / "cifar10" / "test.npz") as z:
+        np.savez(d / "test.npz", images=z["images"][:64])
+    return d
+
+
+def _cfg(data, **kw):
+    base = dict(preset="tiny", dequant="uniform", data=str(data / "train.npz"), eval_data=str(data / "test.npz"),
+                batch=32, lr=2e-3, warmup=20, ema=0.99, eval_images=32, eval_n_t=16, log_every=10,
+                eval_every=0, save_every=0, steps=20, bf16=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_tiny_model_learns(cifar_small, tmp_path):
+    """The README's tiny run, shortened: the held-out bound falls clearly."""
+    torch.manual_seed(0)
+    first = train(_cfg(cifar_small, steps=1), tmp_path / "a", progress=False)
+    last = train(_cfg(cifar_small, steps=100), tmp_path / "a", progress=False)
+    assert last["step"] == 100
+    assert last["eval_bound_bpd"] < first["eval_bound_bpd"] - 1.0, (first, last)
+    recs = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert any("images_per_s" in r for r in recs) and any("train_bound_bpd" in r for r in recs)
+
+
+def test_resume_restores_state(cifar_small, tmp_path):
+    out = tmp_path / "r"
+    train(_cfg(cifar_small, steps=6, save_every=3), out, progress=False)
+    tensors, state = ckpt.load_checkpoint(out / "checkpoint")
+    assert state["step"] == 6 and any(k.startswith("opt.") for k in tensors)
+    res = train(_cfg(cifar_small, steps=9), out, progress=False)
+    assert res["step"] == 9
+    t2, s2 = ckpt.load_checkpoint(out / "checkpoint")
+    # Adam's step counters continued from 6 (restored), not restarted
+    assert all(v["step"] == 9 for v in s2["optimizer"]["state"].values())
+    assert s2["elapsed"] >= state["elapsed"]
+
+
+def test_variational_second_stage_and_export(cifar_small, tmp_path):
+    train(_cfg(cifar_small, steps=5), tmp_path / "s1", progress=False)
+    res = train(_cfg(cifar_small, steps=4, dequant="variational", init_from=str(tmp_path / "s1"),
+                     freeze_model=True, batch=8, eval_images=4, eval_n_t=2), tmp_path / "s2", progress=False)
+    assert np.isfinite(res["eval_bound_bpd"])
+    t1, _ = ckpt.load_checkpoint(tmp_path / "s1" / "checkpoint")
+    t2, _ = ckpt.load_checkpoint(tmp_path / "s2" / "checkpoint")
+    k = next(k for k in t1 if k.startswith("ema.model."))
+    assert torch.equal(t1[k], t2[k])  # frozen score model = stage one's EMA
+    sha = export(tmp_path / "s2", tmp_path / "m.safetensors", calib_images=8)
+    loaded = load_model_file(tmp_path / "m.safetensors")
+    assert loaded.sha256 == sha and loaded.dequantizer.config.kind == "variational"
+    assert loaded.config["info"]["step"] == 4
+
+
+def test_checkpoint_shards_stay_under_the_limit(tmp_path):
+    tensors = {f"w{i}": torch.zeros(3 * 1024 * 1024 // 4 * 2) for i in range(6)}  # 6 x 6 MiB
+    ckpt.save_checkpoint(tmp_path / "c", tensors, {"step": 1})
+    files = list((tmp_path / "c").glob("*.safetensors"))
+    assert len(files) >= 3 and all(f.stat().st_size <= ckpt.MAX_SHARD_BYTES + 4096 for f in files)
+    back, state = ckpt.load_checkpoint(tmp_path / "c")
+    assert state["step"] == 1 and set(back) == set(tensors)
+
+
+def test_folder_data_random_crops_and_scales(tmp_path):
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(80, 120), (64, 64), (100, 70)]):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    imgs = load_images(tmp_path)
+    s = CropSampler(imgs, 32, flip=True, min_scale=0.5, seed=1)
+    b = s.sample(16)
+    assert b.shape == (16, 3, 32, 32) and b.dtype == torch.uint8
+    # two ranks draw from disjoint shards
+    a0 = CropSampler(imgs, 32, rank=0, world=2).images
+    a1 = CropSampler(imgs, 32, rank=1, world=2).images
+    assert len(a0) + len(a1) == 3
+
+
+def test_ddp_two_processes_cpu(cifar_small, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "trainer", "train", "--preset", "tiny", "--dequant", "uniform",
+           "--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
+           "--steps", "3", "--batch", "8", "--eval-every", "0", "--eval-images", "4", "--eval-n-t", "1",
+           "--out", str(out), "--no-progress", "--threads", "1", "--device", "cpu"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    _, state = ckpt.load_checkpoint(out / "checkpoint")
+    assert state["step"] == 3 and state["images"] == 3 * 8

@@ -1,0 +1,120 @@
+"""python -m trainer: train ScoreFlow models and export them for the codec.
+
+\b
+  python -m trainer train --preset tiny --data ../shared/data/cifar10/train.npz \\
+      --eval-data ../shared/data/cifar10/test.npz --steps 300 --out runs/tiny
+  python -m trainer train --out runs/tiny --steps 600          # resume: same --out, more steps
+  torchrun --nproc_per_node 4 -m trainer train --preset base ...  # several GPUs (DDP)
+  python -m trainer export runs/tiny -o tiny.safetensors
+  sfcodec compress img.png -o img.sfc --model tiny.safetensors
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from .config import TrainConfig
+
+
+@click.group(help=__doc__)
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Run directory (resumes if it has a checkpoint).")
+@click.option("--preset", default=None, help="tiny | cpu | small | base | ddpmpp")
+@click.option("--data", default=None, help=".npz of uint8 images or a folder of images.")
+@click.option("--eval-data", default=None, help="Held-out .npz / folder (default: hold out part of --data).")
+@click.option("--steps", type=int, default=None, help="Total steps to reach (resume continues to this).")
+@click.option("--batch", type=int, default=None, help="Global batch size.")
+@click.option("--lr", type=float, default=None)
+@click.option("--warmup", type=int, default=None)
+@click.option("--ema", type=float, default=None)
+@click.option("--grad-clip", type=float, default=None)
+@click.option("--dropout", type=float, default=None)
+@click.option("--crop", type=int, default=None, help="Training crop size (folders: random crops).")
+@click.option("--min-scale", type=float, default=None, help="Random down-scaling of folder images to [s, 1].")
+@click.option("--no-flip", is_flag=True, default=False)
+@click.option("--sde", type=click.Choice(["vp", "subvp", "ve"]), default=None)
+@click.option("--dequant", type=click.Choice(["variational", "uniform"]), default=None)
+@click.option("--weighting", type=click.Choice(["likelihood", "original"]), default=None)
+@click.option("--no-importance", is_flag=True, default=False, help="Uniform t instead of p(t) ~ g^2/sigma^2.")
+@click.option("--init-from", default=None, help="Start from another run's EMA score model (a run dir) or an exported model file.")
+@click.option("--freeze-model", is_flag=True, default=False,
+              help="Train only the dequantizer (ScoreFlow's second stage; use with --init-from).")
+@click.option("--max-minutes", type=float, default=None, help="Stop and checkpoint after this many minutes.")
+@click.option("--eval-every", type=int, default=None)
+@click.option("--eval-images", type=int, default=None)
+@click.option("--eval-n-t", type=int, default=None)
+@click.option("--save-every", type=int, default=None)
+@click.option("--log-every", type=int, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--no-bf16", is_flag=True, default=False)
+@click.option("--device", default=None, help="cpu | cuda (default: cuda if available).")
+@click.option("--threads", type=int, default=None, help="CPU threads for torch.")
+@click.option("--no-progress", is_flag=True, default=False)
+def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, freeze_model, **kw):
+    """Train (or resume) a run."""
+    import torch
+
+    from .train import train as run
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg_file = out / "config.json"
+    base = TrainConfig.from_dict(json.loads(cfg_file.read_text())) if cfg_file.exists() else TrainConfig()
+    if no_flip:
+        kw["flip"] = False
+    if no_importance:
+        kw["importance"] = False
+    if no_bf16:
+        kw["bf16"] = False
+    if freeze_model:
+        kw["freeze_model"] = True
+    cfg = base.override(**kw)
+    if not cfg.data:
+        raise click.UsageError("--data is required for a new run")
+    from scoreflow_codec.errors import ModelError
+
+    try:
+        res = run(cfg, out, device=device, progress=not no_progress)
+    except (FileNotFoundError, ValueError, ModelError) as e:
+        click.echo(f"trainer: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(res))
+
+
+@main.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="The .safetensors to write.")
+@click.option("--fp16", is_flag=True, help="Store weights in float16 (half the size; measure the bpd effect).")
+@click.option("--name", default=None, help="Model name recorded in the file (default: the file stem).")
+@click.option("--calib-images", type=int, default=512, show_default=True,
+              help="Training images to measure the denoising-error table on (0: none).")
+def export(run, output, fp16, name, calib_images):
+    """Export a run's EMA model for the codec (one .safetensors with its config)."""
+    from .train import export as do_export
+
+    sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images)
+    click.echo(f"{output}: sha256 {sha}")
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="PNG to write.")
+@click.option("--title", default="")
+def plot(runs, output, title):
+    """Plot the training curve(s) of one or more runs (in order) to a PNG."""
+    from .report import plot_curve
+
+    plot_curve(list(runs), output, title)
+    click.echo(str(output))
+
+
+if __name__ == "__main__":
+    main()

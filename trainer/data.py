@@ -1,0 +1,96 @@
+"""Training images: an .npz of uint8 images or a folder of images, as random crops with flips.
+
+Each rank of a distributed run draws from its own shard (every world_size-th image), with its
+own random stream, so ranks never see the same crop.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGE_EXTS = {".png", ".tif", ".tiff", ".bmp", ".ppm", ".jpg", ".jpeg", ".webp"}
+
+
+def load_images(path: str | Path) -> list[np.ndarray]:
+    """uint8 [H, W, 3] arrays from an .npz (key "images") or every image in a folder (recursive)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"training data not found: {p}")
+    if p.suffix == ".npz":
+        with np.load(p) as z:
+            a = z["images"]
+        if a.dtype != np.uint8 or a.ndim != 4:
+            raise ValueError(f"{p}: 'images' must be uint8 [N, H, W, C]")
+        return list(a[..., :3]) if a.shape[-1] >= 3 else [np.repeat(x, 3, -1) for x in a]
+    files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTS)
+    if not files:
+        raise ValueError(f"{p}: no images found")
+    out = []
+    for f in files:
+        with Image.open(f) as im:
+            out.append(np.asarray(im.convert("RGB")))
+    return out
+
+
+class CropSampler:
+    """Random crops (with optional random down-scaling and horizontal flips) as uint8 [B, 3, c, c]."""
+
+    def __init__(self, images: list[np.ndarray], crop: int, flip: bool = True, min_scale: float = 1.0,
+                 rank: int = 0, world: int = 1, seed: int = 0):
+        shard = images[rank::world] or images
+        self.crop, self.flip, self.min_scale = crop, flip, min_scale
+        self.rng = np.random.default_rng([seed, rank])
+        small = [im for im in shard if min(im.shape[:2]) < crop]
+        if small:
+            raise ValueError(f"{len(small)} images are smaller than the crop size {crop}")
+        self.same_size = all(im.shape == shard[0].shape for im in shard) and min_scale >= 1.0
+        if self.same_size:
+            self.stack = np.stack(shard)            # fast path (CIFAR-like)
+        self.images = shard
+        self.weights = np.array([im.shape[0] * im.shape[1] for im in shard], dtype=np.float64)
+        self.weights /= self.weights.sum()
+
+    def _one(self, im: np.ndarray) -> np.ndarray:
+        if self.min_scale < 1.0:
+            lo = max(self.min_scale, self.crop / min(im.shape[:2]))
+            s = float(self.rng.uniform(lo, 1.0))
+            if s < 0.999:
+                h, w = im.shape[:2]
+                im = np.asarray(Image.fromarray(im).resize((max(self.crop, round(w * s)), max(self.crop, round(h * s))),
+                                                           Image.Resampling.BOX if s <= 0.5 else Image.Resampling.LANCZOS))
+        h, w = im.shape[:2]
+        y = int(self.rng.integers(0, h - self.crop + 1))
+        x = int(self.rng.integers(0, w - self.crop + 1))
+        return im[y:y + self.crop, x:x + self.crop]
+
+    def sample(self, n: int) -> torch.Tensor:
+        if self.same_size:
+            idx = self.rng.integers(0, len(self.stack), n)
+            h, w = self.stack.shape[1:3]
+            if (h, w) == (self.crop, self.crop):
+                batch = self.stack[idx]
+            else:
+                ys = self.rng.integers(0, h - self.crop + 1, n)
+                xs = self.rng.integers(0, w - self.crop + 1, n)
+                batch = np.stack([self.stack[i, y:y + self.crop, x:x + self.crop] for i, y, x in zip(idx, ys, xs)])
+        else:
+            idx = self.rng.choice(len(self.images), n, p=self.weights)
+            batch = np.stack([self._one(self.images[i]) for i in idx])
+        if self.flip:
+            f = self.rng.random(n) < 0.5
+            batch = batch.copy()
+            batch[f] = batch[f, :, ::-1]
+        return torch.from_numpy(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)))
+
+
+def center_crops(images: list[np.ndarray], crop: int, n: int) -> torch.Tensor:
+    """Deterministic evaluation batch: the centre crop of the first n images."""
+    out = []
+    for im in images[:n]:
+        h, w = im.shape[:2]
+        y, x = (h - crop) // 2, (w - crop) // 2
+        out.append(im[y:y + crop, x:x + crop])
+    return torch.from_numpy(np.ascontiguousarray(np.stack(out).transpose(0, 3, 1, 2)))

@@ -1,0 +1,306 @@
+"""The ScoreFlow training loop: likelihood-weighted DSM with importance sampling, jointly with a
+variational dequantizer, EMA, Adam with warmup and clipping, bf16 on GPU, DDP under torchrun.
+
+Objective per image (nats): dsm_loss(y) + E[-log pi(y_T)] + log q(u | x), y = x + u, which is the
+ScoreFlow bound on -log P(x) up to terms that do not depend on the parameters.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scoreflow_codec import likelihood, pixels
+from scoreflow_codec.dequant import DequantConfig, make_dequantizer
+from scoreflow_codec.losses import dsm_loss
+from scoreflow_codec.models import presets
+from scoreflow_codec.models.precond import ScoreModel
+from scoreflow_codec.modelfile import model_config
+from scoreflow_codec.sde import SDEConfig
+
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import CropSampler, center_crops, load_images
+
+log = logging.getLogger("trainer")
+
+
+class Objective(nn.Module):
+    """Score model + dequantizer; forward(x_uint8) -> per-image loss in nats."""
+
+    def __init__(self, model: ScoreModel, dequant: nn.Module, weighting: str, importance: bool):
+        super().__init__()
+        self.model, self.dequant = model, dequant
+        self.weighting, self.importance = weighting, importance
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        u, log_q = self.dequant.sample(x, generator=generator)
+        y = pixels.to_model(x, u.to(torch.float32))
+        loss = dsm_loss(self.model, y, weighting=self.weighting, importance=self.importance, generator=generator)
+        sde = self.model.sde
+        tT = torch.full((y.shape[0],), sde.T, dtype=torch.float64, device=y.device)
+        mean, std = sde.marginal_prob(y, tT.to(y.dtype))
+        yT = mean + std.view(-1, 1, 1, 1) * torch.randn(y.shape, device=y.device, generator=generator)
+        return loss - sde.prior_logp(yT) + log_q.to(loss.dtype)
+
+
+def build(cfg: TrainConfig) -> tuple[ScoreModel, nn.Module, dict]:
+    """Model, dequantizer and the config dict an exported model carries."""
+    p = presets.get_preset(cfg.preset)
+    unet_cfg = p.unet if cfg.dropout is None else p.unet.__class__.from_dict({**p.unet.to_dict(), "dropout": cfg.dropout})
+    model = presets.build_score_model(unet_cfg, SDEConfig(kind=cfg.sde), p.precond)
+    dequant = make_dequantizer(DequantConfig.from_dict({**p.dequant.to_dict(), "kind": cfg.dequant}))
+    return model, dequant, model_config(model, dequant, cfg.preset)
+
+
+def _dist_info() -> tuple[int, int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return rank, world, local
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
+
+
+@torch.no_grad()
+def evaluate(model: ScoreModel, dequant: nn.Module, x: torch.Tensor, n_t: int, seed: int) -> dict:
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    vals: dict[str, list] = {}
+    for s in range(0, x.shape[0], 64):
+        terms = likelihood.bound_terms(model, x[s:s + 64], dequant, n_t=n_t, generator=gen)
+        for k in ("bpd_with", "bpd_without"):
+            vals.setdefault(k, []).append(terms[k].float().cpu())
+    return {k: float(torch.cat(v).mean()) for k, v in vals.items()}
+
+
+def _init_from(cfg: TrainConfig, model: ScoreModel, dequant: nn.Module, dev: torch.device) -> None:
+    """Start from another run's EMA score model (a run directory), or from an exported model
+    file (score model, and its dequantizer where the kinds match). Mismatched architectures
+    raise ValueError with the reason."""
+    src = Path(cfg.init_from)
+    if src.is_file():
+        from scoreflow_codec.modelfile import load_model_file
+
+        lm = load_model_file(src, dev)
+        weights, deq = lm.model.state_dict(), lm.dequantizer.state_dict()
+        if lm.config["dequant"].get("kind") != dequant.config.kind:
+            deq = None
+    else:
+        tensors, _ = ckpt.load_checkpoint(src / "checkpoint", dev)
+        weights = {k[len("ema.model."):]: v for k, v in tensors.items() if k.startswith("ema.model.")}
+        deq = None
+    try:
+        model.load_state_dict(weights)
+        if deq is not None:
+            dequant.load_state_dict(deq)
+    except RuntimeError as e:
+        raise ValueError(f"--init-from {src}: its model does not match preset {cfg.preset!r} "
+                         f"({str(e).splitlines()[0]})") from None
+
+
+def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: bool = True,
+          progress: bool = True) -> dict:
+    """Train (or continue) the run in `out`; returns the final metrics."""
+    out = Path(out)
+    rank, world, local = _dist_info()
+    if device is None:
+        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(cfg.seed + 1000 * rank)
+    out.mkdir(parents=True, exist_ok=True)
+
+    model, dequant, mconfig = build(cfg)
+    model.to(dev), dequant.to(dev)
+    ema_model, ema_dequant, _ = build(cfg)
+    ema_model.to(dev), ema_dequant.to(dev)
+    ema_model.load_state_dict(model.state_dict()), ema_dequant.load_state_dict(dequant.state_dict())
+    for p in list(ema_model.parameters()) + list(ema_dequant.parameters()):
+        p.requires_grad_(False)
+    ck = out / "checkpoint"
+    if cfg.init_from and not (ck / "state.json").exists():
+        _init_from(cfg, model, dequant, dev)
+        ema_model.load_state_dict(model.state_dict()), ema_dequant.load_state_dict(dequant.state_dict())
+        if rank == 0:
+            log.info("initialised from %s", cfg.init_from)
+    if cfg.freeze_model:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    objective = Objective(model, dequant, cfg.weighting, cfg.importance)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=cfg.lr)
+
+    step, elapsed_total, images_seen = 0, 0.0, 0
+    if resume and (ck / "state.json").exists():
+        tensors, state = ckpt.load_checkpoint(ck, dev)
+        model.load_state_dict({k[len("net.model."):]: v for k, v in tensors.items() if k.startswith("net.model.")})
+        dequant.load_state_dict({k[len("net.dequant."):]: v for k, v in tensors.items() if k.startswith("net.dequant.")})
+        ema_model.load_state_dict({k[len("ema.model."):]: v for k, v in tensors.items() if k.startswith("ema.model.")})
+        ema_dequant.load_state_dict({k[len("ema.dequant."):]: v for k, v in tensors.items() if k.startswith("ema.dequant.")})
+        ckpt.load_optimizer(opt, tensors, state["optimizer"])
+        step, elapsed_total, images_seen = state["step"], state.get("elapsed", 0.0), state.get("images", 0)
+        if rank == 0:
+            log.info("resumed from %s at step %d", ck, step)
+    if rank == 0:
+        (out / "config.json").write_text(cfg.to_json())
+
+    train_images = load_images(cfg.data)
+    if cfg.eval_data:
+        eval_images = load_images(cfg.eval_data)
+    else:
+        n_hold = min(cfg.holdout, len(train_images) // 10)
+        eval_images, train_images = train_images[:n_hold], train_images[n_hold:]
+    sampler = CropSampler(train_images, cfg.crop, cfg.flip, cfg.min_scale, rank, world, seed=cfg.seed + step)
+    eval_x = center_crops(eval_images, cfg.crop, cfg.eval_images).to(dev)
+    train_x = center_crops(train_images, cfg.crop, cfg.eval_images).to(dev)
+
+    obj = objective
+    if world > 1:
+        obj = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None)
+    local_batch = max(1, cfg.batch // world)
+    use_bf16 = cfg.bf16 and dev.type == "cuda"
+    dims = 3 * cfg.crop * cfg.crop
+    metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
+    t_start = time.perf_counter()
+    t_log, n_log, loss_acc = t_start, 0, 0.0
+    last = {}
+
+    def save():
+        tensors = {**{f"net.model.{k}": v for k, v in model.state_dict().items()},
+                   **{f"net.dequant.{k}": v for k, v in dequant.state_dict().items()},
+                   **{f"ema.model.{k}": v for k, v in ema_model.state_dict().items()},
+                   **{f"ema.dequant.{k}": v for k, v in ema_dequant.state_dict().items()}}
+        ot, oscal = ckpt.optimizer_tensors(opt)
+        tensors.update(ot)
+        state = {"step": step, "elapsed": elapsed_total + time.perf_counter() - t_start, "images": images_seen,
+                 "optimizer": oscal, "config": cfg.to_dict(), "model_config": mconfig, "last": last}
+        ckpt.save_checkpoint(ck, tensors, state)
+
+    try:
+        while step < cfg.steps:
+            if cfg.max_minutes and (time.perf_counter() - t_start) > 60 * cfg.max_minutes:
+                break
+            x = sampler.sample(local_batch).to(dev, non_blocking=True)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(cfg, step)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+                loss = obj(x).float().mean() / dims
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else torch.tensor(0.0)
+            if torch.isfinite(loss):
+                opt.step()
+            step += 1
+            images_seen += local_batch * world
+            decay = min(cfg.ema, (1 + step) / (10 + step))
+            with torch.no_grad():
+                for src, dst in ((model, ema_model), (dequant, ema_dequant)):
+                    for p, q in zip(src.parameters(), dst.parameters()):
+                        q.lerp_(p, 1 - decay)
+                    for b, c in zip(src.buffers(), dst.buffers()):
+                        c.copy_(b)
+            loss_acc += float(loss.detach())
+            n_log += 1
+            if bar:
+                bar.update(1)
+            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
+                now = time.perf_counter()
+                rec = {"step": step, "loss_nats_per_dim": loss_acc / n_log,
+                       "loss_bpd_proxy": (loss_acc / n_log + pixels.LOG_128) / math.log(2),
+                       "lr": lr_at(cfg, step - 1), "grad_norm": float(gnorm),
+                       "images_per_s": n_log * local_batch * world / max(now - t_log, 1e-9),
+                       "elapsed_s": elapsed_total + now - t_start}
+                metrics_f.write(json.dumps(rec) + "\n")
+                metrics_f.flush()
+                if bar:
+                    bar.set_postfix(loss=f"{rec['loss_bpd_proxy']:.3f}", ips=f"{rec['images_per_s']:.0f}")
+                t_log, n_log, loss_acc = now, 0, 0.0
+            if rank == 0 and cfg.eval_every and step % cfg.eval_every == 0:
+                last = eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed_total + time.perf_counter() - t_start)
+            if rank == 0 and cfg.save_every and step % cfg.save_every == 0:
+                save()
+    finally:
+        if bar:
+            bar.close()
+    if rank == 0:
+        if not last or last.get("step") != step:
+            last = eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed_total + time.perf_counter() - t_start)
+        save()
+        metrics_f.close()
+    if world > 1:
+        dist.barrier()
+    return last
+
+
+def eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed) -> dict:
+    ev = evaluate(ema_model, ema_dequant, eval_x, cfg.eval_n_t, seed=step)
+    tr = evaluate(ema_model, ema_dequant, train_x, cfg.eval_n_t, seed=step)
+    rec = {"step": step, "eval_bound_bpd": ev["bpd_with"], "eval_bound_bpd_nocorr": ev["bpd_without"],
+           "train_bound_bpd": tr["bpd_with"], "train_bound_bpd_nocorr": tr["bpd_without"], "elapsed_s": elapsed}
+    metrics_f.write(json.dumps(rec) + "\n")
+    metrics_f.flush()
+    log.info("step %d: bound %.4f bpd held-out, %.4f train", step, ev["bpd_with"], tr["bpd_with"])
+    return rec
+
+
+def load_ema(run: str | Path, device: str = "cpu") -> tuple[ScoreModel, nn.Module, dict, dict]:
+    """EMA model + dequantizer of a run's latest checkpoint, with its model config and state."""
+    tensors, state = ckpt.load_checkpoint(Path(run) / "checkpoint", device)
+    cfg = TrainConfig.from_dict(state["config"])
+    model, dequant, mconfig = build(cfg)
+    model.load_state_dict({k[len("ema.model."):]: v for k, v in tensors.items() if k.startswith("ema.model.")})
+    dequant.load_state_dict({k[len("ema.dequant."):]: v for k, v in tensors.items() if k.startswith("ema.dequant.")})
+    return model.eval(), dequant.eval(), mconfig, state
+
+
+def calibrate(model, data: str, images: int = 512, seed: int = 0) -> dict:
+    """The model's denoising-error table (scoreflow_codec.calibration) on training images."""
+    from scoreflow_codec.calibration import eps_mse_table
+
+    x = center_crops(load_images(data), 32, images)  # the codec's tile size
+    return eps_mse_table(model, x, generator=torch.Generator().manual_seed(seed))
+
+
+def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str | None = None,
+           extra: dict | None = None, calib_images: int = 512) -> str:
+    """Write the EMA model of a run as the one-file format the codec loads; returns its sha256.
+
+    With calib_images > 0 the file also carries the model's denoising-error table, measured on
+    that many training images (chain mode's reverse variances).
+    """
+    from scoreflow_codec import modelfile
+
+    model, dequant, mconfig, state = load_ema(run)
+    info = {"step": state["step"], "images_seen": state.get("images", 0), "train_seconds": state.get("elapsed", 0.0),
+            "train_config": state["config"], "last_eval": state.get("last", {}), **(extra or {})}
+    if calib_images > 0:
+        info["eps_mse"] = calibrate(model, state["config"]["data"], calib_images)
+    config = {"preset": mconfig["preset"], "name": name or Path(path).stem, "info": info}
+    return modelfile.save_model(path, model, dequant, config, dtype=dtype)
+
+
+def set_threads_from_env() -> None:
+    n = os.environ.get("SFC_THREADS")
+    if n:
+        torch.set_num_threads(int(n))
+
+
+__all__ = ["train", "export", "build", "load_ema", "Objective"]
