@@ -1,0 +1,156 @@
+"""The benchmark harness: classical peers, data loaders, and bench/run.py end to end."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bench import classical, datasets
+from bench.run import parse_codecs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _image(channels: int, h: int = 24, w: int = 40) -> np.ndarray:
+    rng = np.random.default_rng(channels)
+    y, x = np.mgrid[0:h, 0:w]
+    planes = [(x * 5 + y * 3 + 40 * k + rng.integers(0, 16, (h, w))) % 256 for k in range(channels)]
+    return np.stack(planes, axis=2).astype(np.uint8)
+
+
+@pytest.mark.parametrize("channels", [3, 1, 4, 2], ids=["rgb", "gray", "rgba", "gray+alpha"])
+@pytest.mark.parametrize("codec", classical.CODECS, ids=lambda c: c.name)
+def test_classical_round_trip(codec, channels):
+    reason = codec.unavailable_reason()
+    if reason:
+        pytest.skip(f"{codec.name}: {reason}")
+    img = _image(channels)
+    m = classical.measure(codec, img)
+    assert m.error is None and m.lossless, m.error
+    assert m.bpd == pytest.approx(8 * m.nbytes / img.size)
+    assert m.encode_s >= 0 and m.decode_s >= 0
+    assert codec.decode(codec.encode(img), channels).shape == img.shape
+
+
+def test_measure_flags_a_lossy_codec():
+    lossy = classical.ClassicalCodec("halver", "drops the low bit", lambda x: (x >> 1).tobytes(),
+                                     lambda b: (np.frombuffer(b, np.uint8) << 1).reshape(24, 40, 3))
+    m = classical.measure(lossy, _image(3))
+    assert not m.lossless and "differs" in m.error
+    assert lossy.unavailable_reason().startswith("not lossless")
+
+
+def test_measure_records_encoder_errors():
+    def broken(_):
+        raise RuntimeError("boom")
+    m = classical.measure(classical.ClassicalCodec("broken", "", broken, broken), _image(3))
+    assert not m.lossless and m.bpd is None and "boom" in m.error
+
+
+def test_parse_codecs():
+    assert parse_codecs("all") == (list(classical.BY_NAME), True)
+    assert parse_codecs("classical") == (list(classical.BY_NAME), False)
+    assert parse_codecs("png,webp,scoreflow") == (["png", "webp"], True)
+    with pytest.raises(ValueError, match="unknown codec"):
+        parse_codecs("png,gif")
+
+
+# --- data sets --------------------------------------------------------------------------
+
+def test_load_npz(tmp_path):
+    imgs = np.stack([_image(3, 8, 8)] * 5)
+    np.savez(tmp_path / "a.npz", images=imgs)
+    s = datasets.load(str(tmp_path / "a.npz"), limit=3)
+    assert len(s) == 3 and s.images[0].shape == (8, 8, 3) and s.names[2] == "a[2]"
+    np.savez(tmp_path / "gray.npz", images=imgs[..., 0])
+    assert datasets.load_npz(tmp_path / "gray.npz").images[0].shape == (8, 8, 1)
+    np.savez(tmp_path / "bad.npz", pixels=imgs)
+    with pytest.raises(datasets.DataError, match="no array 'images'"):
+        datasets.load_npz(tmp_path / "bad.npz")
+    np.savez(tmp_path / "float.npz", images=imgs.astype(np.float32))
+    with pytest.raises(datasets.DataError, match="uint8"):
+        datasets.load_npz(tmp_path / "float.npz")
+
+
+def test_load_folder(tmp_path):
+    Image.fromarray(_image(3)).save(tmp_path / "a.png")
+    Image.fromarray(_image(1)[..., 0]).save(tmp_path / "b.tiff")
+    Image.fromarray(_image(4)).save(tmp_path / "c.png")
+    Image.fromarray(_image(3)).convert("P").save(tmp_path / "d.png")
+    Image.fromarray(np.full((4, 4), 1000, np.uint16)).save(tmp_path / "e.png")  # 16-bit
+    (tmp_path / "notes.txt").write_text("not an image")
+    s = datasets.load(str(tmp_path))
+    assert s.names == ["a.png", "b.tiff", "c.png", "d.png"]
+    assert [im.shape[2] for im in s.images] == [3, 1, 4, 3]
+    assert np.array_equal(s.images[0], _image(3))
+    assert len(s.notes) == 1 and "e.png" in s.notes[0]
+    assert len(datasets.load(str(tmp_path), limit=2)) == 2
+
+
+def test_missing_data_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SFC_SHARED_DATA", str(tmp_path / "absent"))
+    with pytest.raises(datasets.DataError, match="data set 'kodak' not found"):
+        datasets.load("kodak")
+    with pytest.raises(datasets.DataError, match="neither a named set"):
+        datasets.load(str(tmp_path / "nothing-here"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(datasets.DataError, match="no usable"):
+        datasets.load(str(tmp_path / "empty"))
+
+
+def test_named_sets(shared_data, monkeypatch):
+    monkeypatch.setenv("SFC_SHARED_DATA", str(shared_data))
+    for name, shape in [("cifar10", (32, 32, 3)), ("kodak", None), ("misc", None)]:
+        if not (shared_data / datasets.NAMED[name]).exists():
+            continue
+        s = datasets.load(name, limit=2)
+        assert s.name == name and len(s) == 2
+        assert all(im.dtype == np.uint8 and im.ndim == 3 for im in s.images)
+        if shape:
+            assert s.images[0].shape == shape
+    q = datasets.quick_set()
+    assert len(q) == 5 and q.images[-1].shape == (48, 64, 3)
+
+
+# --- scoreflow side and the CLI -----------------------------------------------------------
+
+def _run(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+def test_cli_quick_classical(shared_data, tmp_path):
+    r = _run("--quick", "--codecs", "classical", "--out", str(tmp_path),
+             env={"SFC_SHARED_DATA": str(shared_data)})
+    assert r.returncode == 0, r.stderr
+    assert "| codec | settings | mean bpd" in r.stdout and "| png |" in r.stdout
+    (outdir,) = tmp_path.iterdir()
+    assert outdir.name.endswith("_quick")
+    res = json.loads((outdir / "results.json").read_text())
+    assert res["set"]["n_images"] == 5
+    assert {"cpu", "cores", "os", "python", "versions", "git"} <= set(res["machine"])
+    assert res["published_reference"]["values"]["PNG"] == 5.87
+    measured = {s["codec"] for s in res["summary"]}
+    assert measured | set(res["skipped"]) == set(classical.BY_NAME)
+    assert all(s["lossless"] for s in res["summary"])
+    assert len(res["per_image"]) == 5 * len(measured)
+    rows = (outdir / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + 5 * len(measured)
+    for plot in ("bpd_per_codec.png", "time_vs_bpd.png"):
+        assert (outdir / plot).stat().st_size > 1000
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = _run("kodak", "--codecs", "png", "--out", str(tmp_path),
+             env={"SFC_SHARED_DATA": str(tmp_path / "absent")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "data set 'kodak' not found" in r.stderr
+    r = _run("--quick", "--codecs", "scoreflow", "--model", str(tmp_path / "missing.safetensors"),
+             "--out", str(tmp_path), env={"SFC_SHARED_DATA": str(tmp_path / "absent")})
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert not list(tmp_path.iterdir())  # nothing written on failure

@@ -1,0 +1,83 @@
+"""The scoreflow side of the harness, wired to a stand-in API.
+
+The stand-in only checks the plumbing (which calls, which columns, which files); its
+"codec" is np.savez, and its model numbers are constants. Real numbers come only from
+scoreflow_codec.api.
+"""
+import io
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from bench import run, scoreflow_runner
+
+
+def _stub_api(lossy: bool = False):
+    def compress_images(images, model, mode, device, **settings):
+        assert model == "stub-model" and mode == "chain" and settings == {"steps": 8}
+        buf = io.BytesIO()
+        np.savez_compressed(buf, *images)
+        return buf.getvalue()
+
+    def decompress(data, model, device):
+        with np.load(io.BytesIO(data)) as z:
+            out = [z[f"arr_{i}"] for i in range(len(z.files))]
+        if lossy:
+            out[0] = out[0] ^ 1
+        return out
+
+    def evaluate_images(images, model, device, ode, bound, **options):
+        assert ode and bound
+        return [{"bound_bpd": 3.0, "bound_bpd_nocorr": 3.1, "ode_nll_bpd": 2.9} for _ in images]
+
+    api = types.SimpleNamespace(compress_images=compress_images, decompress_arrays=decompress,
+                                evaluate_images=evaluate_images)
+    zoo = types.SimpleNamespace(load_model=lambda name, device: "stub-model")
+    return api, zoo
+
+
+@pytest.fixture
+def npz_set(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.npz"
+    np.savez(path, images=rng.integers(0, 256, (3, 8, 8, 3), dtype=np.uint8))
+    return path
+
+
+@pytest.mark.parametrize("lossy", [False, True])
+def test_scoreflow_columns(monkeypatch, tmp_path, npz_set, capsys, lossy):
+    api, zoo = _stub_api(lossy)
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.api", api)
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.zoo", zoo)
+    rc = run.main([str(npz_set), "--codecs", "png,scoreflow", "--model", "stub", "--mode",
+                   "chain", "--setting", "steps=8", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "| scoreflow | bound bpd |" in table and "| png |" in table
+    (outdir,) = (tmp_path / "out").iterdir()
+    res = json.loads((outdir / "results.json").read_text())
+    sf = next(s for s in res["summary"] if s["codec"] == "scoreflow")
+    assert sf["ode_nll_bpd"] == 2.9 and sf["bound_bpd_nocorr"] == 3.1
+    assert sf["lossless"] is not lossy
+    assert res["scoreflow"]["stream"]["lossless"] is not lossy
+    assert res["scoreflow"]["stream"]["bpd"] == pytest.approx(
+        8 * res["scoreflow"]["stream"]["nbytes"] / (3 * 8 * 8 * 3))
+    assert (outdir / "actual_vs_nll.png").exists()
+    if lossy:
+        assert "| NO" in table
+
+
+def test_model_error_is_a_clear_error(monkeypatch):
+    from scoreflow_codec.errors import ModelError
+    api, zoo = _stub_api()
+
+    def load_model(name, device):
+        raise ModelError(f"no model named {name}")
+    zoo.load_model = load_model
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.api", api)
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.zoo", zoo)
+    with pytest.raises(scoreflow_runner.ScoreflowError, match="no model named nope"):
+        scoreflow_runner.load_model("nope", "cpu")
