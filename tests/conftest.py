@@ -8,7 +8,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SFC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 # Two cores on CI: keep torch from oversubscribing them when several tests spawn processes.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# SFC_TEST_THREADS=1 when the machine is busy with something else (torch's worker threads
+# spin-wait, and a contended second core makes every op ~100x slower).
+torch.set_num_threads(int(os.environ.get("SFC_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
 
 
 @pytest.fixture(scope="session")
