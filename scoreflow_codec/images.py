@@ -143,6 +143,18 @@ def _from_palette(img: Image.Image, meta: dict) -> SourceImage:
     return SourceImage(img.mode, color, extra, meta)
 
 
+def _wide_rawmode(img: Image.Image) -> str | None:
+    """The raw mode of a file with 16-bit samples that Pillow would hand over as 8-bit RGB / RGBA /
+    LA (a 48-bit PNG opens as "RGB", keeping the high bytes only), else None."""
+    for tile in getattr(img, "tile", None) or []:
+        args = tile[3] if len(tile) > 3 else None
+        raw = args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else ""
+        base, _, bits = str(raw).partition(";")
+        if base in ("RGB", "RGBA", "RGBX", "LA", "L") and bits.rstrip("BLN") in ("16", "32"):
+            return str(raw)
+    return None
+
+
 def load_image(path: str | os.PathLike) -> SourceImage:
     p = Path(path)
     if not p.exists():
@@ -151,8 +163,14 @@ def load_image(path: str | os.PathLike) -> SourceImage:
         raise BadImageError(f"{p}: is a directory, not an image")
     try:
         with Image.open(p) as img:
+            wide = _wide_rawmode(img)
+            if wide:
+                raise UnsupportedImageError(f"{wide} samples (16 bits per channel) are not supported: only 8 bits "
+                                            "per channel")
             img.load()
             return from_pil(img)
+    except BadImageError as e:
+        raise type(e)(f"{p}: {e}") from None
     except (UnidentifiedImageError, Image.DecompressionBombError) as e:
         raise BadImageError(f"{p}: not an image Pillow can read ({e.__class__.__name__})") from None
     except (OSError, SyntaxError, ValueError) as e:
