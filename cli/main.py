@@ -77,10 +77,10 @@ def _check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
     for i in inputs:
         if i.exists() and path.exists() and path.resolve() == i.resolve():
             raise OutputExistsError(f"{path}: output would overwrite an input")
+    if path.is_dir():
+        raise OutputExistsError(f"{path} is a directory; give a file name")
     if path.exists() and not force:
         raise OutputExistsError(f"{path} exists (use --force to overwrite)")
-    if path.exists() and path.is_dir():
-        raise OutputExistsError(f"{path} is a directory")
     if not path.parent.exists():
         raise OutputExistsError(f"{path.parent}: no such directory")
 
