@@ -181,10 +181,11 @@ def compress(inputs, output, model, mode, steps, device, verify, force, quiet):
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def decompress(input, output, model, device, force, quiet):
     """Decompress a .sfc file back to the identical pixels."""
-    from scoreflow_codec import api, images, zoo
+    from scoreflow_codec import api, container, images, zoo
 
     data = _read_sfc(input)
     header = api.read_header(data)
+    container.unpack(data)  # a truncated or corrupt payload is the file's fault: say so before looking for a model
     device = device or header["setup"].get("device", "cpu")
     n = sum(run[3] for run in header["images"])
     names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
