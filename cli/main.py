@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from scoreflow_codec import __version__
-from scoreflow_codec.errors import BadFileError, OutputExistsError, SfcError
+from scoreflow_codec.errors import BadFileError, OutputExistsError, SfcError, UsageError
 from scoreflow_codec.fileio import atomic_write
 
 EPILOG_COMPRESS = """\b
@@ -199,7 +199,7 @@ def decompress(input, output, model, device, force, quiet):
             targets = [output / _out_name(None, i, n) for i in range(n)]
     for t in targets:
         if t.suffix.lower() not in images.LOSSLESS_SAVE:
-            raise SfcError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")
+            raise UsageError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")
         if t.parent != output or output.exists():
             _check_output(t, force, [input])
     m = zoo.load_model(model or header["model"].get("name") or "", device=device) if model else zoo.model_for_header(header, device)

@@ -11,6 +11,12 @@ class SfcError(Exception):
     exit_code = 1
 
 
+class UsageError(SfcError):
+    """A command line that asks for something the codec cannot do (e.g. a lossy output format)."""
+
+    exit_code = 2
+
+
 class BadImageError(SfcError):
     """The input is not an image we can read (not an image, truncated, animated...)."""
 
