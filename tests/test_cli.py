@@ -1,0 +1,588 @@
+"""End-to-end tests of the `sfcodec` CLI (cli/main.py) with tiny models.
+
+Round trips (compress -> decompress -> identical pixels, mode included) for every image mode
+the README promises, in both coding modes; multi-image files; info / verify / models; and bad
+inputs, each of which must give one line on stderr, the documented exit code, no traceback,
+and no output file (a pre-existing output left untouched).
+
+Speed: the models are the "tiny" preset as built (what the trainer would export before any
+training: the U-Net's output layer is zero, so it predicts eps = 0 -- files are large, round trips
+exact all the same), with few steps. An image set of up to 4 (ODE) / 5 (chain) 32x32 tiles is
+coded entirely by the seed codec, so most round trips below exercise the CLI, the image modes and
+the container; test_round_trip_through_the_model puts tiles after a filler image so that the
+score model codes them in both modes, and test_shipped_model does so with the shipped model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from cli.main import cli
+from scoreflow_codec.modelfile import save_model
+from scoreflow_codec.models.presets import build
+from scoreflow_codec.sde import SDEConfig
+
+REPO = Path(__file__).resolve().parents[1]
+# Few steps for speed. Chain mode cannot code model tiles with fewer than 16-24 steps with these
+# models (nor with the shipped one): "encoding failed (gaussian: means must be finite ...)".
+STEPS = {"ode": "4", "chain": "24"}
+EXIT = {"usage": 2, "image": 3, "sfc": 4, "model": 5, "exists": 6, "mismatch": 7}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+def sfcodec(*args):
+    """Run the CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="sfcodec", catch_exceptions=False)
+
+
+def assert_ok(result):
+    assert result.exit_code == 0, f"exit {result.exit_code}: {result.stderr}"
+    assert "Traceback" not in result.output
+
+
+def assert_error(result, code: int, *words: str):
+    """The documented exit code, exactly one non-empty line on stderr naming the problem.
+
+    Lines as a terminal shows them: a progress bar redrawn with \r and cleared before the error
+    (tqdm, leave=False) leaves nothing visible."""
+    err = result.stderr
+    assert result.exit_code == code, f"exit {result.exit_code}, expected {code}: {err!r}"
+    assert "Traceback" not in result.output
+    lines = [ln.split("\r")[-1] for ln in err.split("\n")]
+    lines = [ln for ln in lines if ln.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {err!r}"
+    assert lines[0].startswith("sfcodec: error: "), lines[0]
+    for w in words:
+        assert w.lower() in lines[0].lower(), f"{w!r} not in {lines[0]!r}"
+    assert result.stdout == ""
+
+
+def listing(d: Path) -> dict[str, bytes]:
+    """Every file in a directory (temporary files included) with its content."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def pixels(path: Path) -> tuple:
+    """What lossless means here: Pillow's mode, size, pixels (and palette, transparency)."""
+    with Image.open(path) as im:
+        im.load()
+        pal = im.getpalette() if im.mode in ("P", "PA") else None
+        return im.mode, im.size, np.asarray(im).copy(), pal, im.info.get("transparency")
+
+
+def assert_same_pixels(a: Path, b: Path):
+    (ma, sa, xa, pa, ta), (mb, sb, xb, pb, tb) = pixels(a), pixels(b)
+    assert (ma, sa) == (mb, sb)
+    assert xa.dtype == xb.dtype and np.array_equal(xa, xb)
+    if ma in ("P", "PA"):
+        assert pa == pb and ta == tb
+
+
+def png16(arr: np.ndarray, color_type: int) -> bytes:
+    """A 16-bit PNG (Pillow can't write 16-bit RGB, so the chunks are written by hand)."""
+    h, w = arr.shape[:2]
+    raw = b"".join(b"\x00" + arr[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+def _tiny_model(path: Path, seed: int) -> Path:
+    """The tiny preset, untrained, exported. (Randomising its zero-initialised output layers, as
+    tests/test_modelfile.py does, gives a model the codec cannot code with at all: "encoding
+    failed (gaussian: values must satisfy |x| < 2**62)" at any step count.)"""
+    torch.manual_seed(seed)
+    model, deq = build("tiny", SDEConfig(kind="vp"))
+    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("models")
+    return {"A": _tiny_model(d / "tiny_a.safetensors", 0), "B": _tiny_model(d / "tiny_b.safetensors", 1)}
+
+
+@pytest.fixture(scope="module")
+def model_a(models) -> Path:
+    return models["A"]
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _smooth_rgb(h, w, seed=0) -> np.ndarray:
+    """Image-like (smooth + noise) uint8 RGB, so the tiny model's files stay small-ish."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([80 + 3 * xx, 120 + 2 * yy, 200 - 2 * (xx + yy)], -1)
+    return np.clip(base + _rng(seed).integers(-12, 13, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _palette_image(trns_bytes: bool, duplicate: bool = False) -> Image.Image:
+    idx = (_rng(3).integers(0, 12, (19, 23))).astype(np.uint8)
+    im = Image.frombytes("P", idx.shape[::-1], idx.tobytes())
+    pal = _rng(4).integers(0, 256, (16, 3)).astype(np.uint8)
+    if duplicate:
+        pal[5] = pal[2]          # two indices, one colour: coded as indices
+    im.putpalette(pal.tobytes(), "RGB")
+    if trns_bytes:
+        im.info["transparency"] = bytes(_rng(5).integers(0, 256, 16).astype(np.uint8))
+    else:
+        im.info["transparency"] = 3
+    return im
+
+
+def _make(kind: str, shared: Path | None) -> Image.Image:
+    if kind == "cifar":
+        with np.load(shared / "cifar10" / "test.npz") as z:
+            return Image.fromarray(z["images"][7], "RGB")
+    if kind == "kodak_crop":
+        kodak = shared / "kodak" / "kodim23.png"
+        if not kodak.is_file():
+            pytest.skip(f"{kodak} not found")
+        with Image.open(kodak) as im:
+            return im.convert("RGB").crop((200, 150, 248, 190))       # 48x40
+    if kind.startswith("rgb_"):
+        w, h = map(int, kind[4:].split("x"))
+        return Image.fromarray(_smooth_rgb(h, w, seed=w * h), "RGB")
+    if kind == "L":
+        return Image.fromarray(_smooth_rgb(21, 26)[..., 1], "L")
+    if kind == "1":
+        return Image.fromarray(_smooth_rgb(13, 30)[..., 0] > 120).convert("1")
+    if kind == "RGBA":
+        rgb = _smooth_rgb(17, 20)
+        a = _rng(1).integers(0, 256, (17, 20, 1)).astype(np.uint8)
+        a[:4] = 255
+        a[-3:] = 0
+        return Image.fromarray(np.concatenate([rgb, a], -1), "RGBA")
+    if kind == "RGBA_const":
+        rgb = _smooth_rgb(9, 12)
+        return Image.fromarray(np.concatenate([rgb, np.full((9, 12, 1), 200, np.uint8)], -1), "RGBA")
+    if kind == "LA":
+        g = _smooth_rgb(15, 11)[..., 2:3]
+        a = _rng(2).integers(0, 256, (15, 11, 1)).astype(np.uint8)
+        return Image.fromarray(np.concatenate([g, a], -1), "LA")
+    if kind == "P_trns_index":
+        return _palette_image(trns_bytes=False)
+    if kind == "P_trns_alpha":
+        return _palette_image(trns_bytes=True)
+    if kind == "P_duplicates":
+        return _palette_image(trns_bytes=True, duplicate=True)
+    raise ValueError(kind)
+
+
+def save_png(im: Image.Image, path: Path) -> Path:
+    kw = {"transparency": im.info["transparency"]} if "transparency" in im.info else {}
+    im.save(path, **kw)
+    return path
+
+
+@pytest.fixture
+def image(request, tmp_path):
+    """Factory: image(kind) -> path of a PNG of that kind in tmp_path."""
+    def make(kind: str, name: str | None = None) -> Path:
+        shared = request.getfixturevalue("shared_data") if kind in ("cifar", "kodak_crop") else None
+        return save_png(_make(kind, shared), tmp_path / (name or f"{kind}.png"))
+    return make
+
+
+@pytest.fixture(scope="module")
+def good_sfc(tmp_path_factory, model_a) -> Path:
+    """A valid one-image .sfc (tiny model A, chain mode) to corrupt."""
+    d = tmp_path_factory.mktemp("good")
+    src = save_png(Image.fromarray(_smooth_rgb(8, 8), "RGB"), d / "src.png")
+    out = d / "good.sfc"
+    assert_ok(sfcodec("compress", src, "-o", out, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"], "-q"))
+    return out
+
+
+# --- round trips ------------------------------------------------------------------------------
+KINDS = ["cifar", "rgb_31x33", "rgb_1x1", "rgb_1x17", "L", "1", "RGBA", "RGBA_const", "LA",
+         "P_trns_index", "P_trns_alpha", "P_duplicates", "kodak_crop"]
+
+
+@pytest.mark.parametrize("mode", ["ode", "chain"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip(image, model_a, tmp_path, kind, mode):
+    src = image(kind)
+    sfc, out = tmp_path / "f.sfc", tmp_path / "out.png"
+    r = sfcodec("compress", src, "-o", sfc, "--model", model_a, "--mode", mode, "--steps", STEPS[mode], "--no-verify", "-q")
+    assert_ok(r)
+    assert r.stderr == "" and r.stdout == ""
+    assert sfc.read_bytes()[:4] == b"\x89SFC"
+    assert_ok(sfcodec("decompress", sfc, "-o", out, "--model", model_a, "-q"))
+    assert_same_pixels(src, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, "f.sfc", "out.png"])
+
+
+def test_compress_summary_and_verify_flag(image, model_a, tmp_path):
+    """Without -q: one summary line on stderr; --verify decodes before writing."""
+    src, sfc = image("rgb_31x33"), tmp_path / "f.sfc"
+    r = sfcodec("compress", src, "-o", sfc, "--model", model_a, "--mode", "ode", "--steps", STEPS["ode"], "--verify")
+    assert_ok(r)
+    last = [ln for ln in r.stderr.replace("\r", "\n").splitlines() if ln.strip()][-1]
+    assert last.startswith(f"{sfc}: {sfc.stat().st_size} bytes") and "verified in" in last
+    assert "model tiny-0" in last and "[ode," in last
+
+
+def test_shipped_model(shared_data, tmp_path):
+    """No --model anywhere: compress picks the shipped CIFAR-10 model, decompress finds it by its
+    sha256. Six CIFAR-10 test images: the sixth tile is coded by the model (chain mode)."""
+    with np.load(shared_data / "cifar10" / "test.npz") as z:
+        arrays = z["images"][:6]
+    srcs = [save_png(Image.fromarray(a, "RGB"), tmp_path / f"cifar_{i}.png") for i, a in enumerate(arrays)]
+    sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
+    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--mode", "chain", "--steps", STEPS["chain"], "--no-verify", "-q"))
+    h = json.loads(sfcodec("info", sfc, "--json").stdout)
+    assert h["model"]["name"] == "cifar10" and h["fields"]["n_tiles"] > h["fields"]["n_seed"]
+    assert_ok(sfcodec("decompress", sfc, "-o", outdir, "-q"))
+    for s in srcs:
+        assert_same_pixels(s, outdir / s.name)
+
+
+@pytest.mark.parametrize("mode", ["ode", "chain"])
+def test_round_trip_through_the_model(image, model_a, tmp_path, mode):
+    """A filler image takes the seed tiles; the score model codes the rest, in both modes: an odd-sized
+    RGB image (edge pixels latent) and a gray one (colour channels latent), with alpha in chain mode."""
+    seed_tiles = {"ode": 4, "chain": 5}[mode]
+    filler = save_png(Image.fromarray(_smooth_rgb(32, 32 * seed_tiles), "RGB"), tmp_path / "filler.png")
+    kinds = ["L"] if mode == "ode" else ["rgb_31x33", "L", "LA", "RGBA"]  # ODE: ~3 s a tile on one core
+    srcs = [filler] + [image(k) for k in kinds]
+    sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
+    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", mode, "--steps", STEPS[mode],
+                      "--no-verify", "-q"))
+    f = json.loads(sfcodec("info", sfc, "--json").stdout)["fields"]
+    assert f["n_seed"] == seed_tiles and f["n_tiles"] > seed_tiles
+    assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
+    for s in srcs:
+        assert_same_pixels(s, outdir / s.name)
+
+
+@pytest.mark.parametrize("mode", ["ode", "chain"])
+def test_multi_image(image, model_a, tmp_path, mode):
+    srcs = [image("rgb_31x33", "a.png"), image("L", "b.png"), image("RGBA", "c.png")]
+    sfc, outdir = tmp_path / "set.sfc", tmp_path / "outdir"
+    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", mode, "--steps", STEPS[mode],
+                      "--no-verify", "-q"))
+    assert_ok(sfcodec("decompress", sfc, "-o", f"{outdir}/", "--model", model_a, "-q"))
+    assert sorted(p.name for p in outdir.iterdir()) == ["a.png", "b.png", "c.png"]
+    for s in srcs:
+        assert_same_pixels(s, outdir / s.name)
+    # again into the same directory: refused file by file, nothing changed; --force overwrites
+    before = listing(outdir)
+    assert_error(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"), EXIT["exists"], "exists")
+    assert listing(outdir) == before
+    assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q", "--force"))
+    assert listing(outdir) == before
+
+
+def test_multi_image_into_a_file_is_refused(image, model_a, tmp_path):
+    srcs = [image("rgb_1x1", "a.png"), image("rgb_1x17", "b.png")]
+    sfc, out = tmp_path / "set.sfc", tmp_path / "out.png"
+    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"], "-q"))
+    out.write_bytes(b"precious")
+    assert_error(sfcodec("decompress", sfc, "-o", out, "--model", model_a, "-q"), EXIT["exists"],
+                 "2 images", "directory")
+    assert out.read_bytes() == b"precious"
+
+
+def test_single_image_into_a_directory(image, model_a, tmp_path):
+    """decompress -o DIR for a one-image file writes DIR/<original name>.png."""
+    src, sfc, outdir = image("L", "gray.png"), tmp_path / "f.sfc", tmp_path / "dir"
+    outdir.mkdir()
+    assert_ok(sfcodec("compress", src, "-o", sfc, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"], "-q"))
+    assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
+    assert_same_pixels(src, outdir / "gray.png")
+
+
+# --- info, verify, models, help ---------------------------------------------------------------
+def test_info(good_sfc):
+    r = sfcodec("info", good_sfc)
+    assert_ok(r)
+    out = r.stdout
+    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     tiny-0", "mode:      chain",
+                  f"steps={STEPS['chain']}", "images:    1", "1 x 8x8 RGB", "stream:"):
+        assert words in out, (words, out)
+    h = json.loads(sfcodec("info", good_sfc, "--json").stdout)
+    assert h["mode"] == "chain" and h["settings"]["steps"] == int(STEPS["chain"]) and h["images"] == [[8, 8, "RGB", 1]]
+    assert h["meta"]["0"]["name"] == "src.png" and len(h["model"]["sha256"]) == 64
+
+
+@pytest.mark.parametrize("mode", ["ode", "chain"])
+def test_verify_json(image, model_a, mode):
+    srcs = [image("rgb_1x17"), image("LA")]
+    r = sfcodec("verify", *srcs, "--model", model_a, "--mode", mode, "--steps", STEPS[mode], "--json", "-q")
+    assert_ok(r)
+    out = json.loads(r.stdout)
+    assert out["identical"] is True and out["images"] == 2 and out["mode"] == mode and out["model"] == "tiny-0"
+    assert out["bytes"] > 0 and out["bpd"] > 0
+
+
+def test_verify_plain(image, model_a):
+    r = sfcodec("verify", image("1"), "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"], "-q")
+    assert_ok(r)
+    assert r.stdout.startswith("OK: 1 image(s)") and "pixels identical" in r.stdout
+
+
+def test_models():
+    r = sfcodec("models")
+    assert_ok(r)
+    assert r.stdout.split()[0] == "cifar10"
+
+
+def test_help_subprocess():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "cli.main", "--help"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "compress" in r.stdout and "decompress" in r.stdout and "Exit codes" in r.stdout
+
+
+# --- bad input: one line, the documented exit code, nothing written ---------------------------
+def test_usage_errors(tmp_path, image):
+    src = image("rgb_1x1")
+    for args in (["compress", src], ["compress", src, "-o", tmp_path / "x.sfc", "--mode", "fast"],
+                 ["compress", src, "-o", tmp_path / "x.sfc", "--steps", "1"], ["nonsense"]):
+        r = sfcodec(*args)
+        assert r.exit_code == EXIT["usage"], (args, r.stderr)
+        assert "Error:" in r.stderr and "Traceback" not in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
+
+
+def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
+    """A bad input for compress -> (path, words the message must hold)."""
+    p = d / f"bad_{kind}.png"
+    if kind == "text":
+        p.write_text("this is not an image\n")
+        return p, [p.name, "not an image"]
+    if kind == "empty":
+        p.write_bytes(b"")
+        return p, [p.name, "not an image"]
+    if kind == "truncated_png":
+        buf = d / "full.png"
+        Image.fromarray(_smooth_rgb(20, 20), "RGB").save(buf)
+        p.write_bytes(buf.read_bytes()[:60])
+        buf.unlink()
+        return p, [p.name]
+    if kind == "missing":
+        return d / "nope.png", ["nope.png", "no such file"]
+    if kind == "directory":
+        p = d / "adir.png"
+        p.mkdir()
+        return p, ["adir.png", "directory"]
+    if kind.startswith("16bit_"):
+        ct, c = {"16bit_gray": (0, 1), "16bit_rgb": (2, 3), "16bit_rgba": (6, 4), "16bit_la": (4, 2)}[kind]
+        shape = (6, 5) if c == 1 else (6, 5, c)
+        p.write_bytes(png16(_rng(9).integers(0, 65536, shape, dtype=np.uint16), ct))
+        return p, [p.name, "16"]
+    if kind == "cmyk":
+        Image.new("CMYK", (4, 4), (1, 2, 3, 4)).save(p.with_suffix(".tif"))
+        return p.with_suffix(".tif"), ["CMYK"]
+    if kind == "float":
+        Image.fromarray(_rng(0).random((4, 4)).astype(np.float32), "F").save(p.with_suffix(".tif"))
+        return p.with_suffix(".tif"), ["float"]
+    raise ValueError(kind)
+
+
+BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "16bit_gray", "16bit_rgb",
+              "16bit_rgba", "16bit_la", "cmyk", "float"]
+
+
+@pytest.mark.parametrize("kind", BAD_IMAGES)
+def test_bad_image(tmp_path, model_a, kind):
+    path, words = _bad_image(kind, tmp_path)
+    out = tmp_path / "out.sfc"
+    before = listing(tmp_path)
+    r = sfcodec("compress", path, "-o", out, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"])
+    assert_error(r, EXIT["image"], *words)
+    assert listing(tmp_path) == before
+    # verify reads images the same way
+    assert_error(sfcodec("verify", path, "--model", model_a, "--steps", STEPS["ode"]), EXIT["image"], *words)
+
+
+def test_bad_image_leaves_existing_output_alone(tmp_path, model_a):
+    """A good image then a bad one: nothing is written, with --force or without."""
+    good = save_png(Image.fromarray(_smooth_rgb(4, 4), "RGB"), tmp_path / "good.png")
+    bad, _ = _bad_image("text", tmp_path)
+    out = tmp_path / "out.sfc"
+    out.write_bytes(b"precious")
+    before = listing(tmp_path)
+    r = sfcodec("compress", good, bad, "-o", out, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"], "--force")
+    assert_error(r, EXIT["image"], bad.name)
+    assert listing(tmp_path) == before
+
+
+def _corrupt(kind: str, good: bytes) -> tuple[bytes, list[str]]:
+    hlen = struct.unpack_from("<I", good, 12)[0]
+    payload_start = 16 + hlen + 8
+    if kind == "truncated":
+        return good[: len(good) - 7], ["truncated"]
+    if kind == "truncated_header":
+        return good[:20], ["truncated"]
+    if kind == "flip_magic":
+        return bytes([good[0] ^ 0x01]) + good[1:], ["not a .sfc file"]
+    if kind == "flip_header":
+        i = 16 + hlen // 2
+        return good[:i] + bytes([good[i] ^ 0x10]) + good[i + 1:], ["header CRC"]
+    if kind == "flip_payload":
+        i = payload_start + 2
+        return good[:i] + bytes([good[i] ^ 0x04]) + good[i + 1:], ["payload CRC"]
+    if kind == "trailing":
+        return good + b"\x00" * 4, ["trailing"]
+    if kind == "empty":
+        return b"", ["not a .sfc file"]
+    if kind == "png":
+        return _png_bytes(), ["not a .sfc file"]
+    if kind == "version":
+        return good[:8] + struct.pack("<H", 9) + good[10:], ["version 9"]
+    raise ValueError(kind)
+
+
+def _png_bytes() -> bytes:
+    import io
+    buf = io.BytesIO()
+    Image.fromarray(_smooth_rgb(8, 8), "RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+BAD_SFC = ["truncated", "truncated_header", "flip_magic", "flip_header", "flip_payload", "trailing", "empty",
+           "png", "version"]
+PAYLOAD_ONLY = {"truncated", "flip_payload", "trailing"}
+
+
+@pytest.mark.parametrize("kind", BAD_SFC)
+def test_bad_sfc(tmp_path, good_sfc, model_a, kind):
+    data, words = _corrupt(kind, good_sfc.read_bytes())
+    bad = tmp_path / "bad.sfc"
+    bad.write_bytes(data)
+    out = tmp_path / "out.png"
+    before = listing(tmp_path)
+    assert_error(sfcodec("decompress", bad, "-o", out, "--model", model_a), EXIT["sfc"], *words)
+    assert listing(tmp_path) == before
+    assert_error(sfcodec("decompress", bad, "-o", out), EXIT["sfc"], *words)  # before any model is looked for
+    assert listing(tmp_path) == before
+    # a pre-existing output survives, even with --force
+    out.write_bytes(b"precious")
+    assert_error(sfcodec("decompress", bad, "-o", out, "--model", model_a, "--force"), EXIT["sfc"], *words)
+    assert out.read_bytes() == b"precious"
+    if kind in PAYLOAD_ONLY:  # info reads the header alone, by design
+        assert_ok(sfcodec("info", bad))
+    else:
+        assert_error(sfcodec("info", bad), EXIT["sfc"], *words)
+
+
+def test_missing_and_directory_sfc(tmp_path, model_a):
+    assert_error(sfcodec("decompress", tmp_path / "nope.sfc", "-o", tmp_path / "o.png"), EXIT["sfc"],
+                 "nope.sfc", "no such file")
+    assert_error(sfcodec("info", tmp_path / "nope.sfc"), EXIT["sfc"], "no such file")
+    (tmp_path / "d.sfc").mkdir()
+    assert_error(sfcodec("decompress", tmp_path / "d.sfc", "-o", tmp_path / "o.png"), EXIT["sfc"], "directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.sfc"]
+
+
+def test_wrong_model(tmp_path, good_sfc, models):
+    """A file made with model A, decoded with model B (same preset, other weights) or with none."""
+    out = tmp_path / "out.png"
+    assert_error(sfcodec("decompress", good_sfc, "-o", out, "--model", models["B"]), EXIT["model"],
+                 "tiny-0", "tiny-1", "--model")
+    assert_error(sfcodec("decompress", good_sfc, "-o", out, "-q"), EXIT["model"], "tiny-0", "--model")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_model(tmp_path, image, good_sfc):
+    src = image("rgb_1x1")
+    missing = tmp_path / "gone.safetensors"
+    before = listing(tmp_path)
+    assert_error(sfcodec("compress", src, "-o", tmp_path / "f.sfc", "--model", missing, "--mode", "chain"),
+                 EXIT["model"], "gone.safetensors")
+    assert_error(sfcodec("decompress", good_sfc, "-o", tmp_path / "o.png", "--model", missing), EXIT["model"],
+                 "gone.safetensors")
+    assert_error(sfcodec("verify", src, "--model", "no-such-zoo-model"), EXIT["model"], "no-such-zoo-model")
+    assert listing(tmp_path) == before
+
+
+def test_broken_model_file(tmp_path, image):
+    src = image("rgb_1x1")
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"\x00" * 100)
+    before = listing(tmp_path)
+    assert_error(sfcodec("compress", src, "-o", tmp_path / "f.sfc", "--model", bad, "--mode", "chain"),
+                 EXIT["model"], "safetensors")
+    assert listing(tmp_path) == before
+
+
+def test_output_exists(image, model_a, tmp_path, good_sfc):
+    src = image("rgb_1x17")
+    out = tmp_path / "f.sfc"
+    out.write_bytes(b"precious")
+    args = ["compress", src, "-o", out, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"], "-q"]
+    assert_error(sfcodec(*args), EXIT["exists"], str(out), "--force")
+    assert out.read_bytes() == b"precious"
+    assert_ok(sfcodec(*args, "--force"))
+    assert out.read_bytes()[:4] == b"\x89SFC"
+    # decompress: the same rule
+    png = tmp_path / "o.png"
+    png.write_bytes(b"precious")
+    assert_error(sfcodec("decompress", out, "-o", png, "--model", model_a, "-q"), EXIT["exists"], "--force")
+    assert png.read_bytes() == b"precious"
+    assert_ok(sfcodec("decompress", out, "-o", png, "--model", model_a, "-q", "--force"))
+    assert_same_pixels(src, png)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, "f.sfc", "o.png"])
+
+
+def test_output_would_overwrite_input(image, model_a, tmp_path):
+    src = image("rgb_1x1")
+    before = listing(tmp_path)
+    assert_error(sfcodec("compress", src, "-o", src, "--model", model_a, "--force"), EXIT["exists"], "input")
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_directory_as_output_of_compress(image, model_a, tmp_path, force):
+    src = image("rgb_1x1")
+    d = tmp_path / "outdir"
+    d.mkdir()
+    args = ["compress", src, "-o", d, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"]]
+    assert_error(sfcodec(*args, *(["--force"] if force else [])), EXIT["exists"], "outdir", "directory")
+    assert list(d.iterdir()) == []
+
+
+def test_output_in_missing_directory(image, model_a, tmp_path):
+    src = image("rgb_1x1")
+    assert_error(sfcodec("compress", src, "-o", tmp_path / "no" / "f.sfc", "--model", model_a), EXIT["exists"],
+                 "no such directory")
+    assert not (tmp_path / "no").exists()
+
+
+def test_lossy_output_format_refused(tmp_path, good_sfc, model_a):
+    out = tmp_path / "out.jpg"
+    assert_error(sfcodec("decompress", good_sfc, "-o", out, "--model", model_a, "-q"), EXIT["usage"],
+                 "out.jpg", "lossless")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_few_steps_fail_cleanly(image, model_a, tmp_path):
+    """Chain mode with too few steps for the model: refused at encode time (exit 1 for now, with a
+    hint), one line, nothing written. Not lossy: just no file."""
+    filler = save_png(Image.fromarray(_smooth_rgb(32, 160), "RGB"), tmp_path / "filler.png")
+    srcs = [filler, image("rgb_31x33")]
+    out = tmp_path / "f.sfc"
+    before = listing(tmp_path)
+    r = sfcodec("compress", *srcs, "-o", out, "--model", model_a, "--mode", "chain", "--steps", "4")
+    assert_error(r, 1, "encoding failed", "--steps")
+    assert listing(tmp_path) == before
