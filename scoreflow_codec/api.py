@@ -344,8 +344,8 @@ def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int]
                for (w, hh, mode, meta), d in zip(_expand(header), decoded)]
     try:
         crc = _images_crc(sources)
-    except (SfcError, KeyError, ValueError, IndexError):
-        crc = None
+    except (SfcError, KeyError, ValueError, IndexError, TypeError, AttributeError):
+        crc = None  # the header's per-image metadata (palette ...) is unusable: corrupt
     if crc != header["crc32"]:
         raise DecodeMismatchError(
             "decoded pixels do not match the encoder's (CRC mismatch): the file is corrupt or this "
