@@ -315,6 +315,13 @@ def check_setup(h: dict, model, device: str) -> None:
                     setup.get("torch"), torch.__version__)
 
 
+def _why(h: dict) -> str:
+    """What a payload that passed its CRC but does not decode points to (same words as the CRC check)."""
+    st = h["setup"]
+    return (f"; the file is corrupt, or this machine does not reproduce the encoder's arithmetic (encoded on "
+            f"{st['device']} with torch {st['torch']}, {st['threads']} thread(s), micro-batch {st['micro_batch']})")
+
+
 def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int], None] | None = None
                ) -> list[imgs.SourceImage]:
     """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches."""
@@ -337,7 +344,9 @@ def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int]
         with deterministic_torch():
             decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress)
     except (ValueError, OverflowError, IndexError) as e:
-        raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__})") from None
+        raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None
+    except BadFileError as e:
+        raise BadFileError(f"{e}{_why(header)}") from None
     finally:
         torch.set_num_threads(prev_threads)
     sources = [imgs.SourceImage(mode, d.color, d.extra, meta)
