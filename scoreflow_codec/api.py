@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MICRO_BATCH = 8
 MAX_IMAGES = 100_000
+MAX_TOTAL_PIXELS = 1_000_000_000  # all images of one file together (10 x images.MAX_PIXELS)
+# Bounds on what a header may ask the decoder to do, checked before anything is allocated or
+# run: a corrupt or hostile header must not make the decoder allocate gigabytes or loop for hours.
+MAX_STEPS = 4096          # = the CLI's --steps limit
+MAX_MICRO_BATCH = 1024
+MAX_THREADS = 1024
+MAX_PAD_WORDS = 1 << 22   # 16 MiB of padding; the defaults use ~56k words
+MAX_BATCH_PIXELS = 1 << 22  # max_batch * tile^2 (the default is 32 * 32^2 = 32768)
+MAX_TILES = 1 << 22       # tiles of one file (10^9 pixels in 32x32 tiles is ~1M)
 
 # Settings of format version 1 that a header leaves out when they hold these values. Frozen:
 # changing a default in the code must not change what an old file means.
@@ -117,6 +126,15 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     t0 = time.perf_counter()
     settings = {**default_settings(mode), **(settings or {})}
     ss = stream_settings or stream.StreamSettings()
+    # refuse up front what the decoder would refuse (api._validate_coding), not after the work
+    try:
+        _check_values(mode, settings, _SETTING_RULES[mode], False)
+        _check_values("stream", ss.to_dict(), _SETTING_RULES["stream"], False)
+        _check_values("setup", {"micro_batch": micro_batch}, _SETTING_RULES["setup"], False)
+    except BadFileError as e:
+        raise SfcError(str(e).replace("corrupt header: ", "")) from None
+    if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
+        raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
                              _eps_mse(model))
     try:
@@ -179,6 +197,77 @@ def _validate(h: dict) -> None:
         total += n
     if not 1 <= total <= MAX_IMAGES:
         raise BadFileError("corrupt header: image count out of range")
+    if sum(run[0] * run[1] * run[3] for run in h["images"]) > MAX_TOTAL_PIXELS:
+        raise BadFileError(f"corrupt header: images total more than {MAX_TOTAL_PIXELS} pixels")
+    meta = h.get("meta", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, dict) for v in meta.values()):
+        raise BadFileError("corrupt header: per-image metadata is not an object of objects")
+    _validate_coding(h)
+
+
+# Allowed values of the coding settings a header may carry: (type, low, high) for numbers, a
+# tuple of strings for choices. Anything else, and any key not listed, is refused.
+_INT, _NUM = (int,), (int, float)
+_SETTING_RULES = {
+    "ode": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "sigma_ratio": (_NUM, 1e-3, 1e6),
+            "fp_iters": (_INT, 0, 1000), "fp_max": (_INT, 1, 1000), "fp_tol": (_NUM, 1e-9, 1e6),
+            "schedule": ("logsnr", "uniform"), "trace_probe": ("rademacher",)},
+    "chain": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "lattice_ratio": (_NUM, 1e-3, 1e6),
+              "schedule": ("logsnr", "uniform"), "reverse_var": ("calibrated", "posterior")},
+    "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "growth": (_NUM, 0, 1e6),
+               "max_batch": (_INT, 1, MAX_MICRO_BATCH * 64), "fill_std": (_NUM, 1e-3, 1e3),
+               "pad_words": (_INT, 0, MAX_PAD_WORDS)},
+    "setup": {"micro_batch": (_INT, 1, MAX_MICRO_BATCH), "threads": (_INT, 1, MAX_THREADS)},
+    "fields": {"n_seed": (_INT, 0, None), "n_tiles": (_INT, 0, None), "pad_words": (_INT, 0, MAX_PAD_WORDS),
+               "pad_stripped": (_INT, 0, MAX_PAD_WORDS)},
+}
+
+
+def _check_values(where: str, values: dict, rules: dict, exhaustive: bool) -> None:
+    for k, v in values.items():
+        rule = rules.get(k)
+        if rule is None:
+            if exhaustive:
+                raise BadFileError(f"corrupt header: unknown {where} setting {k!r}")
+            continue
+        if k in ("n_seed", "pad_words") and where == "stream" and v is None:
+            continue  # "decide from the model", as the encoder's default
+        if isinstance(rule[0], tuple):
+            typ, lo, hi = rule
+            ok = isinstance(v, typ) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+            want = f"{'an integer' if typ is _INT else 'a number'} in [{lo}, {hi if hi is not None else 'inf'}]"
+        else:
+            ok, want = v in rule, " or ".join(rule)
+        if not ok:
+            raise BadFileError(f"corrupt header: {where} setting {k!r} is {v!r}, expected {want}")
+
+
+def _validate_coding(h: dict) -> None:
+    """Coding settings, setup and stream fields within bounds, before any of them is used."""
+    mode_settings, stream_settings = full_settings(h)
+    _check_values(h["mode"], mode_settings, _SETTING_RULES[h["mode"]], True)
+    _check_values("stream", stream_settings, _SETTING_RULES["stream"], True)
+    if stream_settings["max_batch"] * stream_settings["tile"] ** 2 > MAX_BATCH_PIXELS:
+        raise BadFileError("corrupt header: stream batches of more than "
+                           f"{MAX_BATCH_PIXELS} pixels (max_batch x tile^2)")
+    setup = h["setup"]
+    for k in ("device", "dtype", "torch"):
+        container.require(setup, k, str)
+    for k in ("micro_batch", "threads"):
+        container.require(setup, k, int)
+    _check_values("setup", setup, _SETTING_RULES["setup"], False)
+    fields = h["fields"]
+    for k in _SETTING_RULES["fields"]:
+        container.require(fields, k, int)
+    _check_values("fields", fields, _SETTING_RULES["fields"], True)
+    # the tile count, computed without listing the tiles (a header may declare 10^13 pixels)
+    t = stream_settings["tile"]
+    if sum(-(-w // t) * -(-hh // t) * n for w, hh, _, n in h["images"]) > MAX_TILES:
+        raise BadFileError(f"corrupt header: more than {MAX_TILES} tiles")
+    n_tiles = sum(-(-c[2] // t) * -(-c[1] // t) for c, _ in _stream_shapes(h) if c[0])
+    if fields["n_tiles"] != n_tiles or fields["n_seed"] > fields["n_tiles"] \
+            or fields["pad_stripped"] > fields["pad_words"]:
+        raise BadFileError("corrupt header: tile counts do not match the image sizes")
 
 
 def _expand(h: dict) -> list[tuple[int, int, str, dict]]:
@@ -214,6 +303,9 @@ def check_setup(h: dict, model, device: str) -> None:
             f"file was made with model {h['model'].get('name', '?')} (sha256 {h['model']['sha256'][:12]}...), "
             f"not {model.name} (sha256 {model.sha256[:12]}...); pass --model with the right one")
     setup = h["setup"]
+    if setup.get("dtype") != "float32":
+        raise ModelMismatchError(f"file was encoded in {setup.get('dtype')}; this release computes in float32 "
+                                 "only and cannot reproduce it")
     if setup.get("device") != _device_class(device):
         raise ModelMismatchError(
             f"file was encoded on {setup.get('device')}; its floats can only be reproduced there: "
@@ -221,6 +313,13 @@ def check_setup(h: dict, model, device: str) -> None:
     if setup.get("torch") != torch.__version__:
         log.warning("file was encoded with torch %s, this is %s: decoding may fail its CRC check",
                     setup.get("torch"), torch.__version__)
+
+
+def _why(h: dict) -> str:
+    """What a payload that passed its CRC but does not decode points to (same words as the CRC check)."""
+    st = h["setup"]
+    return (f"; the file is corrupt, or this machine does not reproduce the encoder's arithmetic (encoded on "
+            f"{st['device']} with torch {st['torch']}, {st['threads']} thread(s), micro-batch {st['micro_batch']})")
 
 
 def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int], None] | None = None
@@ -245,15 +344,17 @@ def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int]
         with deterministic_torch():
             decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress)
     except (ValueError, OverflowError, IndexError) as e:
-        raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__})") from None
+        raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None
+    except BadFileError as e:
+        raise BadFileError(f"{e}{_why(header)}") from None
     finally:
         torch.set_num_threads(prev_threads)
     sources = [imgs.SourceImage(mode, d.color, d.extra, meta)
                for (w, hh, mode, meta), d in zip(_expand(header), decoded)]
     try:
         crc = _images_crc(sources)
-    except (SfcError, KeyError, ValueError, IndexError):
-        crc = None
+    except (SfcError, KeyError, ValueError, IndexError, TypeError, AttributeError):
+        crc = None  # the header's per-image metadata (palette ...) is unusable: corrupt
     if crc != header["crc32"]:
         raise DecodeMismatchError(
             "decoded pixels do not match the encoder's (CRC mismatch): the file is corrupt or this "

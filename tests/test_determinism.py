@@ -1,0 +1,220 @@
+"""Decoding reproduces the encoder's floats (DESIGN 2e), or refuses with a message naming what
+differs: never wrong pixels. And compress's --verify policy (docs/RELIABILITY.md).
+
+A tiny random U-Net (real convolutions, whose float results can depend on the thread count and
+batch size) codes a 64x32 image: one seed tile and one model tile, 16 chain steps.
+"""
+import copy
+import logging
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from scoreflow_codec import api, container, images
+from scoreflow_codec.coding.stream import StreamSettings
+from scoreflow_codec.errors import BadFileError, DecodeMismatchError, ModelMismatchError
+from scoreflow_codec.modelfile import load_model_file, save_model
+from scoreflow_codec.models.presets import build
+from scoreflow_codec.sde import SDEConfig
+
+SETTINGS = {"steps": 16}
+STREAM = StreamSettings(n_seed=1)
+
+
+def _tiny_model_file(path, seed):
+    torch.manual_seed(seed)
+    model, deq = build("tiny", SDEConfig(kind="vp"))
+    with torch.no_grad():
+        for m in (model, deq):
+            for p in m.parameters():
+                if p.abs().sum() == 0:
+                    p.normal_(0, 0.05)
+    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}}, metadata={})
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return _tiny_model_file(tmp_path_factory.mktemp("m") / "tiny.safetensors", 0)
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    return load_model_file(model_path)
+
+
+@pytest.fixture(scope="module")
+def source():
+    y, x = np.mgrid[0:32, 0:64]
+    arr = np.stack([(x * 4) % 256, (y * 8) % 256, (x + y) % 256], -1).astype(np.uint8)
+    return images.from_array(arr)
+
+
+@pytest.fixture(scope="module")
+def encoded(model, source):
+    """The file, encoded at one torch thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=8)
+    finally:
+        torch.set_num_threads(n)
+    return data
+
+
+def _repack(data, **setup):
+    header, words = container.unpack(data)
+    h = copy.deepcopy(header)
+    h["setup"].update(setup)
+    return container.pack(h, words)
+
+
+def _exact_or_refused(data, model, source) -> str:
+    """Decode: the identical pixels, or a clean refusal naming the recorded setup. Returns which."""
+    try:
+        back = api.decompress(data, model)
+    except (DecodeMismatchError, BadFileError) as e:
+        msg = str(e)
+        assert msg and "\n" not in msg
+        assert "reproduce the encoder's arithmetic" in msg
+        if isinstance(e, BadFileError):  # the payload did not decode: the message names the setup
+            assert "thread(s)" in msg and "micro-batch" in msg
+        return f"refused: {msg}"
+    api.check_identical([source], back)
+    return "identical"
+
+
+def test_header_records_the_setup(encoded, model):
+    h = api.read_header(encoded)
+    assert h["model"] == {"name": model.name, "sha256": model.sha256}
+    assert h["setup"] == {"device": "cpu", "dtype": "float32", "micro_batch": 8, "threads": 1,
+                          "torch": torch.__version__}
+    assert h["mode"] == "chain" and h["settings"] == SETTINGS
+    assert h["fields"]["n_tiles"] == 2 and h["fields"]["n_seed"] == 1  # one tile goes through the net
+
+
+def test_encoding_is_deterministic(encoded, model, source):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        again, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=8)
+    finally:
+        torch.set_num_threads(n)
+    assert again == encoded
+
+
+def test_decode_runs_at_the_recorded_thread_count(encoded, model, source, monkeypatch):
+    """Whatever this process's thread count, decoding switches to the file's and back."""
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda k: (seen.append(k), real(k)))
+    n = torch.get_num_threads()
+    real(3)
+    try:
+        api.check_identical([source], api.decompress(encoded, model))
+        assert torch.get_num_threads() == 3  # restored
+    finally:
+        real(n)
+    assert seen == [1, 3]
+
+
+def test_decode_at_another_thread_count_is_exact_or_refused(encoded, model, source):
+    # the header edited to claim 2 threads: the decoder computes with 2, the encoder used 1
+    result = _exact_or_refused(_repack(encoded, threads=2), model, source)
+    print("decode at 2 threads of a 1-thread file:", result)
+
+
+@pytest.mark.parametrize("micro_batch", [1, 3])
+def test_decode_at_another_micro_batch_is_exact_or_refused(encoded, model, source, micro_batch):
+    result = _exact_or_refused(_repack(encoded, micro_batch=micro_batch), model, source)
+    print(f"decode with micro_batch {micro_batch} of a micro_batch 8 file:", result)
+
+
+def test_any_micro_batch_round_trips(model, source):
+    torch_n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=1)
+    finally:
+        torch.set_num_threads(torch_n)
+    assert api.read_header(data)["setup"]["micro_batch"] == 1
+    api.check_identical([source], api.decompress(data, model))
+
+
+def test_mismatched_setup_is_refused(encoded, model, tmp_path):
+    with pytest.raises(ModelMismatchError, match="cuda"):
+        api.decompress(_repack(encoded, device="cuda"), model)
+    with pytest.raises(ModelMismatchError, match="encoded on cpu.*--device cpu"):
+        api.decompress(encoded, model, device="cuda")  # refused before any cuda call
+    with pytest.raises(ModelMismatchError, match="float64"):
+        api.decompress(_repack(encoded, dtype="float64"), model)
+    other = load_model_file(_tiny_model_file(tmp_path / "other.safetensors", 1))
+    with pytest.raises(ModelMismatchError, match="sha256") as e:
+        api.decompress(encoded, other)
+    assert "tiny-0" in str(e.value) and "tiny-1" in str(e.value)
+
+
+def test_other_torch_version_warns_then_checks_pixels(encoded, model, source, caplog):
+    with caplog.at_level(logging.WARNING, logger="scoreflow_codec.api"):
+        back = api.decompress(_repack(encoded, torch="1.13.1"), model)
+    assert any("torch 1.13.1" in r.getMessage() for r in caplog.records)
+    api.check_identical([source], back)  # same arithmetic here, so it still decodes exactly
+
+
+def test_verify_is_cheap_policy():
+    """On by default in chain mode, and in ODE mode up to 64*64*3*4 dims (16 CIFAR images)."""
+    cifar = [images.from_array(np.zeros((32, 32, 3), np.uint8))] * 16
+    big = [images.from_array(np.zeros((640, 480, 3), np.uint8))]
+    assert api.verify_is_cheap(cifar, "ode") and api.verify_is_cheap(big, "chain")
+    assert not api.verify_is_cheap(cifar + cifar[:1], "ode") and not api.verify_is_cheap(big, "ode")
+
+
+# --- `sfcodec compress --verify` -----------------------------------------------------------------
+@pytest.fixture
+def cli(monkeypatch, tmp_path, model_path):
+    from cli.main import cli as group
+
+    img = tmp_path / "in.png"
+    y, x = np.mgrid[0:32, 0:64]
+    images.to_pil(images.from_array(np.stack([x * 4, y * 8, x + y], -1).astype(np.uint8))).save(img)
+    calls = []
+    real = api.decompress
+    monkeypatch.setattr(api, "decompress", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(torch, "set_num_threads", lambda k: None)  # keep the test's one thread
+
+    def run(*args, force=False):
+        out = tmp_path / "out.sfc"
+        argv = ["compress", str(img), "-o", str(out), "--model", str(model_path), "--mode", "chain",
+                "--steps", "16", "-q", *args] + (["--force"] if force else [])
+        return CliRunner().invoke(group, argv), out, calls
+
+    return run
+
+
+def test_compress_verifies_by_default_when_cheap(cli, monkeypatch):
+    res, out, calls = cli()
+    assert res.exit_code == 0, res.output
+    assert out.exists() and calls == [1]
+    res, out, calls = cli("--no-verify", force=True)
+    assert res.exit_code == 0 and calls == [1]  # not decoded again
+    monkeypatch.setattr(api, "verify_is_cheap", lambda *a: False)
+    res, out, calls = cli(force=True)
+    assert res.exit_code == 0 and calls == [1]
+    res, out, calls = cli("--verify", force=True)
+    assert res.exit_code == 0 and calls == [1, 1]
+
+
+def test_a_failed_verify_writes_nothing(cli, monkeypatch):
+    def wrong(sources, decoded):
+        raise DecodeMismatchError("image 0: decoded pixels differ from the input; nothing was written")
+
+    monkeypatch.setattr(api, "check_identical", wrong)
+    res, out, _ = cli()
+    assert res.exit_code == DecodeMismatchError.exit_code == 7
+    assert not out.exists() and [p.name for p in out.parent.iterdir()] == ["in.png"]
+    out.write_bytes(b"precious")
+    res, out, _ = cli(force=True)
+    assert res.exit_code == 7 and out.read_bytes() == b"precious"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["in.png", "out.sfc"]

@@ -1,0 +1,201 @@
+"""Odd inputs through images.py and the api: every mode Pillow gives us either round-trips
+bit-exactly (pixels, alpha, palette, transparency) or is refused with one clear line.
+
+docs/RELIABILITY.md lists the same cases; keep them in step.
+"""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from scoreflow_codec import api, images
+from scoreflow_codec.errors import BadImageError, SfcError, UnsupportedImageError
+
+from coding_models import loaded_gaussian
+
+RNG = np.random.default_rng(7)
+SETTINGS = {"steps": 8}  # the exact Gaussian model codes anything at 8 ODE steps
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return loaded_gaussian()
+
+
+def _rgb(h, w):
+    return RNG.integers(0, 256, (h, w, 3), np.uint8)
+
+
+def _palette_image(h, w, n=16, palette=None):
+    p = Image.fromarray(RNG.integers(0, n, (h, w), np.uint8), "P")
+    p.putpalette(palette if palette is not None else RNG.permutation(256)[:3 * n].astype(np.uint8).tobytes())
+    return p
+
+
+def _write(tmp_path, name, img, **kw):
+    path = tmp_path / name
+    img.save(path, **kw)
+    return path
+
+
+def _reopen(path):
+    with Image.open(path) as im:
+        im.load()
+        return im.copy(), dict(im.info)
+
+
+def _round_trip(model, srcs, mode="ode", settings=SETTINGS):
+    data, _ = api.compress(srcs, model, mode, settings)
+    back = api.decompress(data, model)
+    api.check_identical(srcs, back)
+    return back
+
+
+def _assert_same_image(a: Image.Image, a_info: dict, b: Image.Image):
+    assert b.mode == a.mode and b.size == a.size
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+    if a.mode in ("P", "PA"):
+        assert b.palette.getdata() == a.palette.getdata()
+    assert b.info.get("transparency") == a_info.get("transparency")
+
+
+# name -> (file name, Pillow image, save kwargs)
+def _cases():
+    la_const = np.dstack([RNG.integers(0, 256, (9, 7), np.uint8), np.full((9, 7), 200, np.uint8)])
+    return {
+        "1x1": ("a.png", Image.fromarray(_rgb(1, 1)), {}),
+        "1xN": ("a.png", Image.fromarray(_rgb(1, 70)), {}),
+        "Nx1": ("a.png", Image.fromarray(_rgb(70, 1)), {}),
+        "31x33": ("a.png", Image.fromarray(_rgb(33, 31)), {}),
+        "L": ("a.png", Image.fromarray(RNG.integers(0, 256, (9, 40), np.uint8), "L"), {}),
+        "LA": ("a.png", Image.fromarray(RNG.integers(0, 256, (9, 7, 2), np.uint8), "LA"), {}),
+        "LA-constant-alpha": ("a.png", Image.fromarray(la_const, "LA"), {}),
+        "RGBA": ("a.png", Image.fromarray(RNG.integers(0, 256, (33, 35, 4), np.uint8), "RGBA"), {}),
+        "1-bit": ("a.png", Image.fromarray(RNG.integers(0, 2, (9, 13), np.uint8) * 255).convert("1"), {}),
+        "P-transparent-index": ("a.png", _palette_image(9, 7), {"transparency": 3}),
+        "P-tRNS-table": ("a.png", _palette_image(9, 7), {"transparency": bytes(range(0, 160, 10))}),
+        "P-duplicate-colours": ("a.png", _palette_image(9, 7, palette=bytes(24) + bytes(range(24))), {}),
+        "GIF-one-frame": ("a.gif", _palette_image(8, 8), {}),
+        "BMP": ("a.bmp", Image.fromarray(_rgb(5, 6)), {}),
+        "WebP-lossless": ("a.webp", Image.fromarray(_rgb(5, 6)), {"lossless": True}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_file_round_trip_is_bit_exact(model, tmp_path, case):
+    name, img, kw = _cases()[case]
+    path = _write(tmp_path, name, img, **kw)
+    orig, info = _reopen(path)
+    (back,) = _round_trip(model, [images.load_image(path)])
+    restored = images.to_pil(back)
+    _assert_same_image(orig, info, restored)
+    # and through the PNG the CLI writes
+    out = tmp_path / "out.png"
+    out.write_bytes(images.encode_image(restored, ".png"))
+    again, _ = _reopen(out)
+    _assert_same_image(orig, info, again)
+
+
+def test_palette_with_alpha_channel_PA(model):
+    # Pillow cannot save PA, so it only arrives in memory; still lossless
+    la = Image.fromarray(RNG.integers(0, 16, (9, 7, 2), np.uint8), "LA")
+    for pal in (RNG.permutation(256)[:48].astype(np.uint8).tobytes(), bytes(48)):  # colours / indices
+        pa = Image.frombytes("PA", (7, 9), la.tobytes())
+        pa.putpalette(pal)
+        src = images.from_pil(pa)
+        assert src.meta["palette_coded"] == ("colors" if pal[0] or pal[1] else "indices")
+        (back,) = _round_trip(model, [src])
+        _assert_same_image(pa, pa.info, images.to_pil(back))
+
+
+def test_every_mode_in_one_stream(model, tmp_path):
+    """All the odd sizes and modes in one file, chain mode: each comes back exactly."""
+    srcs, origs = [], []
+    for case, (name, img, kw) in _cases().items():
+        path = _write(tmp_path, f"{case}_{name}", img, **kw)
+        origs.append(_reopen(path))
+        srcs.append(images.load_image(path))
+    back = _round_trip(model, srcs, "chain", {"steps": 64})
+    for (orig, info), b in zip(origs, back):
+        _assert_same_image(orig, info, images.to_pil(b))
+
+
+def test_exif_orientation_is_not_applied(model, tmp_path):
+    """A JPEG tagged "rotate 90": we code the stored pixels as Pillow decodes them, unrotated;
+    the tag (and all other metadata) is not kept, so the output shows the stored orientation."""
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    path = _write(tmp_path, "rot.jpg", Image.fromarray(_rgb(16, 24)), exif=exif.tobytes(), quality=90)
+    orig, _ = _reopen(path)
+    assert orig.getexif().get(0x0112) == 6
+    src = images.load_image(path)
+    assert src.size == (24, 16) == orig.size  # not transposed
+    (back,) = _round_trip(model, [src])
+    restored = images.to_pil(back)
+    assert np.array_equal(np.asarray(restored), np.asarray(orig))
+    out = tmp_path / "out.png"
+    out.write_bytes(images.encode_image(restored, ".png"))
+    again, _ = _reopen(out)
+    assert again.getexif().get(0x0112) is None and again.size == (24, 16)
+
+
+def _refused(path, cls, *words):
+    with pytest.raises(cls) as e:
+        images.load_image(path)
+    msg = str(e.value)
+    assert msg and "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+    return e.value
+
+
+def test_16_bit_and_float_are_refused(tmp_path):
+    p16 = _write(tmp_path, "a.png", Image.fromarray(RNG.integers(0, 65536, (8, 8), np.uint16)))
+    assert Image.open(p16).mode.startswith("I;16")
+    _refused(p16, UnsupportedImageError, "16", "8 bits")
+    pf = _write(tmp_path, "f.tif", Image.fromarray(RNG.random((4, 4)).astype(np.float32), "F"))
+    _refused(pf, UnsupportedImageError, "float")
+    with pytest.raises(UnsupportedImageError):
+        images.from_array(np.zeros((4, 4), np.uint16))
+    with pytest.raises(UnsupportedImageError):
+        images.from_array(np.zeros((4, 4, 5), np.uint8))
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".tif"])
+def test_cmyk_is_refused(tmp_path, suffix):
+    path = _write(tmp_path, "c" + suffix, Image.fromarray(RNG.integers(0, 256, (8, 8, 4), np.uint8), "CMYK"))
+    _refused(path, UnsupportedImageError, "CMYK", "RGB")
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".png"])
+def test_animations_are_refused(tmp_path, suffix):
+    frames = [Image.fromarray(_rgb(8, 8)) for _ in range(3)]
+    path = tmp_path / ("anim" + suffix)
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    _refused(path, UnsupportedImageError, "animated", "3 frames")
+
+
+def test_truncated_png_is_refused(tmp_path):
+    good = _write(tmp_path, "a.png", Image.fromarray(_rgb(33, 31)))
+    data = good.read_bytes()
+    for k in (8, 40, len(data) // 2, len(data) - 30):
+        cut = tmp_path / f"cut{k}.png"
+        cut.write_bytes(data[:k])
+        e = _refused(cut, BadImageError, str(cut))
+        assert not isinstance(e, UnsupportedImageError)
+    # Cut after the last image data (only IEND missing): Pillow has every pixel; accepted as is.
+    cut = tmp_path / "noiend.png"
+    cut.write_bytes(data[:-12])
+    assert np.array_equal(np.asarray(images.to_pil(images.load_image(cut))), np.asarray(Image.open(good)))
+
+
+def test_non_images_are_refused(tmp_path):
+    (tmp_path / "t.png").write_text("hello, not a picture")
+    _refused(tmp_path / "t.png", BadImageError, "not an image")
+    (tmp_path / "e.png").write_bytes(b"")
+    _refused(tmp_path / "e.png", BadImageError, "not an image")
+    _refused(tmp_path / "missing.png", BadImageError, "no such file")
+    _refused(tmp_path, BadImageError, "directory")
+    with pytest.raises(SfcError, match="nothing to compress"):
+        api.compress([], loaded_gaussian())
