@@ -40,8 +40,8 @@ MAX_TILES = 1 << 22       # tiles of one file (10^9 pixels in 32x32 tiles is ~1M
 # Settings of format version 1 that a header leaves out when they hold these values. Frozen:
 # changing a default in the code must not change what an old file means.
 FORMAT_DEFAULTS = {
-    "ode": {"steps": 128, "lattice_bits": 8, "sigma_ratio": 4.0, "fp_iters": 2, "fp_max": 60,
-            "fp_tol": 0.01, "schedule": "logsnr", "trace_probe": "rademacher"},
+    "ode": {"steps": 128, "lattice_bits": 8, "sigma_ratio": 4.0, "fp_iters": 2, "fp_max": 30,
+            "fp_tol": 0.01, "fp_stall": 0.7, "schedule": "logsnr", "trace_probe": "rademacher"},
     "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated"},
     "stream": {"tile": 32, "n_seed": None, "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None},
 }
@@ -211,7 +211,7 @@ _INT, _NUM = (int,), (int, float)
 _SETTING_RULES = {
     "ode": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "sigma_ratio": (_NUM, 1e-3, 1e6),
             "fp_iters": (_INT, 0, 1000), "fp_max": (_INT, 1, 1000), "fp_tol": (_NUM, 1e-9, 1e6),
-            "schedule": ("logsnr", "uniform"), "trace_probe": ("rademacher",)},
+            "fp_stall": (_NUM, 0.0, 1e6), "schedule": ("logsnr", "uniform"), "trace_probe": ("rademacher",)},
     "chain": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "lattice_ratio": (_NUM, 1e-3, 1e6),
               "schedule": ("logsnr", "uniform"), "reverse_var": ("calibrated", "posterior")},
     "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "growth": (_NUM, 0, 1e6),

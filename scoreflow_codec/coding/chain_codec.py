@@ -114,12 +114,12 @@ class ChainCodec:
         not feed back into its own noise."""
         p = self._perm(i, mean.size)
         out = np.empty(mean.size, dtype=np.int64)
-        out[p] = dist.gaussian(mean.reshape(-1)[p], std.reshape(-1)[p]).pop(m)
+        out[p] = dist.gaussian(mean.reshape(-1)[p], std.reshape(-1)[p], sampled=True).pop(m)
         return out.reshape(mean.shape)
 
     def _push_q(self, m: Message, i: int, mean: np.ndarray, std: np.ndarray, x: np.ndarray) -> None:
         p = self._perm(i, mean.size)
-        dist.gaussian(mean.reshape(-1)[p], std.reshape(-1)[p]).push(m, x.reshape(-1)[p])
+        dist.gaussian(mean.reshape(-1)[p], std.reshape(-1)[p], sampled=True).push(m, x.reshape(-1)[p])
 
     def _prior(self, shape):
         return np.zeros(shape), np.full(shape, self.co.prior_std / self.delta[-1])
@@ -132,7 +132,7 @@ class ChainCodec:
     # --- coding -----------------------------------------------------------------------------
     def push(self, m: Message, n_y: np.ndarray, progress=None) -> None:
         qm, qs = self._q1(n_y)
-        n = dist.gaussian(qm, qs).pop(m)
+        n = dist.gaussian(qm, qs, sampled=True).pop(m)
         pm, ps = self._p_y(n)
         dist.gaussian(pm, ps).push(m, n_y)
         self._track((qm, qs), (pm, ps), n_y, n)
@@ -164,7 +164,7 @@ class ChainCodec:
         pm, ps = self._p_y(n)
         n_y = dist.gaussian(pm, ps).pop(m)
         qm, qs = self._q1(n_y)
-        dist.gaussian(qm, qs).push(m, n)
+        dist.gaussian(qm, qs, sampled=True).push(m, n)
         return n_y
 
     def deficit_bits_per_dim(self) -> float:

@@ -40,6 +40,14 @@ MAX_STD = 2.0**40
 #: Escape classes: payload e >= 0 has class bit_length(e) in 0..63 with p(c) ~ 2**-c.
 _N_CLASSES = 64
 _CLASS_PROBS = np.ldexp(1.0, -np.arange(_N_CLASSES, dtype=np.int64)).astype(np.float64)
+#: Escape-class symbol order of a variable that bits-back *samples* (the encoder pops it): the
+#: likeliest classes at both ends of the quantile range, the unlikely ones in the middle. A pop
+#: reads the quantile that the last push left on the stack; after an escape push (a value far in
+#: a model's tail) that quantile is at an extreme, and with the plain ascending order the popped
+#: class would be huge and the sample absurd, feeding the next step an outlier that escapes again
+#: (an escape cascade). With this order an extreme quantile pops class 0 or 1.
+_SAMPLED_CLASS_ORDER = np.concatenate([np.arange(0, _N_CLASSES, 2), np.arange(_N_CLASSES - 1, 0, -2)])
+_SAMPLED_CLASS_RANK = np.argsort(_SAMPLED_CLASS_ORDER)  # class -> symbol
 _DIGIT_BITS = 16
 
 
@@ -262,7 +270,7 @@ def _gaussian_params(mean: np.ndarray, std: np.ndarray):
     return k, center.astype(np.int64), mu, cstd, r
 
 
-def gaussian(mean: np.ndarray, std: np.ndarray) -> Codec:
+def gaussian(mean: np.ndarray, std: np.ndarray, sampled: bool = False) -> Codec:
     """Lattice Gaussian: P(x) = P(X in [x - 0.5, x + 0.5]), X ~ N(mean, std), for any int64 x.
 
     mean and std are float64 arrays of one shape (or broadcastable), in lattice units. The
@@ -271,13 +279,18 @@ def gaussian(mean: np.ndarray, std: np.ndarray) -> Codec:
     meaning "|residual| >= R", followed by e = |residual| - R as a class c = bit_length(e) under
     p(c) ~ 2**-c and then c - 1 uniform low bits. Pop order: main symbols, escape classes,
     escape low bits, fine bits. |x| and |mean| must stay below 2**62.
+
+    sampled=True for a variable the encoder pops (bits-back samples it): same probabilities,
+    escape classes in `_SAMPLED_CLASS_ORDER`. Push and pop of one variable must agree on it.
     """
     mean, std = _broadcast(mean, std)
     shape = mean.shape
     k, center, mu, cstd, r = _gaussian_params(mean, std)
     k, center, mu, cstd = (a.reshape(-1) for a in (k, center, mu, cstd))
     main = _model.QuantizedGaussian(-r, r)
-    classes = _model.Categorical(_CLASS_PROBS, perfect=False)
+    order = _SAMPLED_CLASS_ORDER if sampled else np.arange(_N_CLASSES)
+    rank = _SAMPLED_CLASS_RANK if sampled else order
+    classes = _model.Categorical(_CLASS_PROBS[order], perfect=False)
     has_fine = bool(k.any())
 
     def push(m: Message, x: np.ndarray) -> None:
@@ -299,13 +312,13 @@ def gaussian(mean: np.ndarray, std: np.ndarray) -> Codec:
             _push_bits(m, x & ((np.int64(1) << k) - 1), k)
         _push_bits(m, e - np.where(cls > 0, np.left_shift(1, np.maximum(cls - 1, 0)), 0),
                    np.maximum(cls - 1, 0))
-        _push(m, cls, classes)
+        _push(m, rank[cls], classes)
         _push(m, sym, main, mu, cstd)
 
     def pop(m: Message) -> np.ndarray:
         sym = _pop(m, mu.size, main, mu, cstd)
         esc = np.abs(sym) == r
-        cls = _pop(m, int(esc.sum()), classes)
+        cls = order[_pop(m, int(esc.sum()), classes)]
         low = _pop_bits(m, np.maximum(cls - 1, 0))
         e = np.where(cls > 0, np.left_shift(1, np.maximum(cls - 1, 0)), 0) + low
         res = sym.copy()

@@ -37,8 +37,11 @@ class ODESettings:
     lattice_bits: int = 8        # lattice of y: 2^-lattice_bits of a pixel
     sigma_ratio: float = 4.0     # local bits-back noise, in lattice units
     fp_iters: int = 2            # fixed-point iterations for F^-1: at least this many,
-    fp_max: int = 60             # then on until the largest update is < fp_tol lattice units
+    fp_max: int = 30             # then on until the largest update is < fp_tol lattice units
     fp_tol: float = 0.01
+    fp_stall: float = 0.7        # or until an update is > fp_stall x the previous one: a float32
+    #                              network's iteration stalls at ~0.015 units, below which it only
+    #                              jitters (the old rule then ran all fp_max iterations)
     schedule: str = "logsnr"
     trace_probe: str = "rademacher"  # isotropic D_k from one Hutchinson probe per step
 
@@ -125,6 +128,7 @@ class ODECodec:
         y = np.clip((y_next - c * (eps_next - kappa * y_next)) / den, -Y_LIMIT, Y_LIMIT)
         # The stopping rule only looks at values both sides compute identically, so the
         # encoder and the decoder stop after the same iteration.
+        prev = math.inf
         for i in range(max(self.s.fp_iters, self.s.fp_max)):
             y_new = (y_next - c * (self.ev(y, t) - kappa * y)) / den
             # a diverging iteration (steps too large for the model) must stay finite and
@@ -132,8 +136,9 @@ class ODECodec:
             y_new = np.clip(np.nan_to_num(y_new, nan=0.0), -Y_LIMIT, Y_LIMIT)
             change = float(np.abs(y_new - y).max()) / self.delta
             y = y_new
-            if i + 1 >= self.s.fp_iters and change < self.s.fp_tol:
+            if i + 1 >= self.s.fp_iters and (change < self.s.fp_tol or change > self.s.fp_stall * prev):
                 break
+            prev = change
         return self.to_units(y)
 
     def _track(self, bits: float) -> None:
@@ -148,7 +153,7 @@ class ODECodec:
         fwd = self.forward_params(0, n)
         for k in range(K):
             mean, std, _ = fwd
-            n_next = dist.gaussian(mean, std).pop(m)
+            n_next = dist.gaussian(mean, std, sampled=True).pop(m)
             fwd = self.forward_params(k + 1, n_next) if k + 1 < K else None
             inv = self.inverse_mean(k, n_next, fwd[2] if fwd else self.eps_at_end(n_next))
             dist.gaussian(inv, sig).push(m, n)
@@ -170,7 +175,7 @@ class ODECodec:
             inv = self.inverse_mean(k, n, eps_next)
             n_prev = dist.gaussian(inv, sig).pop(m)
             mean, std, eps_next = self.forward_params(k, n_prev)
-            dist.gaussian(mean, std).push(m, n)
+            dist.gaussian(mean, std, sampled=True).push(m, n)
             n = n_prev
             if progress:
                 progress(1)
