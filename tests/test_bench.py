@@ -154,3 +154,22 @@ def test_cli_errors_are_one_line(tmp_path):
              "--out", str(tmp_path), env={"SFC_SHARED_DATA": str(tmp_path / "absent")})
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir())  # nothing written on failure
+
+
+@pytest.mark.slow
+def test_cli_quick_scoreflow(shared_data, tmp_path):
+    """`--quick` end to end with the shipped default model (chain mode; ODE mode is covered by
+    the CLI tests): every scoreflow number present, every file decoded to the identical pixels.
+    (With --quick's loose evaluation the bound and NLL are noisy: only finiteness is checked.)"""
+    r = _run("--quick", "--codecs", "png,scoreflow", "--mode", "chain", "--out", str(tmp_path),
+             env={"SFC_SHARED_DATA": str(shared_data)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "| scoreflow |" in r.stdout and "| png |" in r.stdout
+    (outdir,) = tmp_path.iterdir()
+    res = json.loads((outdir / "results.json").read_text())
+    assert res["scoreflow"]["stream"]["lossless"]
+    rows = [row for row in res["per_image"] if row["codec"] == "scoreflow"]
+    assert len(rows) == 5 and all(row["lossless"] for row in rows)
+    for row in rows:
+        assert 0 < row["ode_nll_bpd"] < 16 and 0 < row["bound_bpd"] < 16 and 0 < row["bpd"] < 16
+    assert (outdir / "actual_vs_nll.png").stat().st_size > 1000
