@@ -87,7 +87,7 @@ def _check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
 
 @contextmanager
 def _progress(total: int, desc: str, quiet: bool):
-    if quiet or total <= 0:
+    if quiet or total <= 0 or not sys.stderr.isatty():  # no bar in logs and pipes
         yield None
         return
     from tqdm import tqdm

@@ -143,7 +143,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
                 [stream.StreamImage(s.color, s.extra) for s in sources], codec, ss, progress, track)
     except ValueError as e:
         # a coder refused a value: the solver left the range it can code (steps far too few)
-        raise SfcError(f"encoding failed ({e}); try more --steps or --mode chain") from None
+        hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
+        raise SfcError(f"encoding failed ({e}); {hint}") from None
     header = {
         "codec": __version__,
         "model": {"name": model.name, "sha256": model.sha256},
