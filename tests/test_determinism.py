@@ -52,16 +52,20 @@ def source():
     return images.from_array(arr)
 
 
-@pytest.fixture(scope="module")
-def encoded(model, source):
-    """The file, encoded at one torch thread."""
+def _compress_at_one_thread(model, source, micro_batch: int = 8) -> bytes:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=8)
+        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=micro_batch)
     finally:
         torch.set_num_threads(n)
     return data
+
+
+@pytest.fixture(scope="module")
+def encoded(model, source):
+    """The file, encoded at one torch thread."""
+    return _compress_at_one_thread(model, source)
 
 
 def _repack(data, **setup):
@@ -96,13 +100,7 @@ def test_header_records_the_setup(encoded, model):
 
 
 def test_encoding_is_deterministic(encoded, model, source):
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        again, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=8)
-    finally:
-        torch.set_num_threads(n)
-    assert again == encoded
+    assert _compress_at_one_thread(model, source) == encoded
 
 
 def test_decode_runs_at_the_recorded_thread_count(encoded, model, source, monkeypatch):
@@ -133,12 +131,7 @@ def test_decode_at_another_micro_batch_is_exact_or_refused(encoded, model, sourc
 
 
 def test_any_micro_batch_round_trips(model, source):
-    torch_n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=1)
-    finally:
-        torch.set_num_threads(torch_n)
+    data = _compress_at_one_thread(model, source, micro_batch=1)
     assert api.read_header(data)["setup"]["micro_batch"] == 1
     api.check_identical([source], api.decompress(data, model))
 

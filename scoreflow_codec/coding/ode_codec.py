@@ -28,7 +28,7 @@ from .evaluator import Evaluator
 
 
 SIGMA_DATA = 0.5
-Y_LIMIT = 1e3  # |y| bound on fixed-point iterates (the data live in [-1, 1], the prior in a few units)  # scale of the linear part of eps_hat used to precondition F^-1
+Y_LIMIT = 1e3  # |y| bound on fixed-point iterates (the data live in [-1, 1], the prior in a few units)
 
 
 @dataclass(frozen=True)
