@@ -13,7 +13,7 @@ import torch
 from torchdiffeq import odeint
 
 from . import pixels
-from .losses import dsm_loss, perturb
+from .losses import dsm_loss, perturb, stratified_uniform
 
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def bound_terms(
     """Per-image terms of the ScoreFlow bound (nats unless named bpd), each [N].
 
     prior: E[-log pi(x_T)]; diffusion: 0.5 int_eps^T [g^2 (||s - grad log p_0t||^2 - ||grad log p_0t||^2)
-    - 2 div f] dt, estimated with n_t (importance-sampled) times, diffusion_se its standard error;
+    - 2 div f] dt, estimated with n_t (importance-sampled) times, one in each of n_t equal-probability
+    strata of p(t), diffusion_se its standard error (`stratified_se`);
     eps_term: the t = eps correction; dequant: log q(u | x); nll_with / nll_without: -log p(y) bounds;
     bpd_with / bpd_without: bits/dim of x including the dequantization term.
     """
@@ -71,11 +72,13 @@ def bound_terms(
     u, log_q = dequantizer.sample(x_uint8, generator=generator)
     y = pixels.to_model(x_uint8, u)
     d = y[0].numel()
+    strata = stratified_uniform(n_t, y.shape[0], generator, y.device)
     samples = torch.stack(
-        [dsm_loss(model, y, "likelihood", importance=importance, generator=generator, eps=eps) for _ in range(n_t)]
+        [dsm_loss(model, y, "likelihood", importance=importance, generator=generator, eps=eps, u=strata[j])
+         for j in range(n_t)]
     )
     diffusion = samples.mean(0)
-    diffusion_se = samples.std(0) / math.sqrt(n_t) if n_t > 1 else torch.full_like(diffusion, float("nan"))
+    diffusion_se = stratified_se(samples)
     prior = prior_term(sde, y)
     corr = eps_term(model, y, eps, generator)
     nll_without = prior + diffusion
@@ -92,6 +95,23 @@ def bound_terms(
         "bpd_with": pixels.nats_to_bpd(nll_with + log_q, d),
         "bpd_without": pixels.nats_to_bpd(nll_without + log_q, d),
     }
+
+
+def stratified_se(samples: Tensor) -> Tensor:
+    """Standard error of the mean of [k, N] samples with one sample per stratum, rows in stratum order.
+
+    Var(mean) = sum_j Var(f_j) / k^2; adjacent strata are paired, E (f_a - f_b)^2 = Var f_a + Var f_b
+    + (mu_a - mu_b)^2, so sum_pairs (f_a - f_b)^2 / k^2 errs only on the high side (an odd last row
+    takes half its neighbour pair's difference). k < 2: NaN.
+    """
+    k = samples.shape[0]
+    if k < 2:
+        return torch.full_like(samples[0], float("nan"))
+    m = k - k % 2
+    var_sum = (samples[0:m:2] - samples[1:m:2]).pow(2).sum(0)
+    if k % 2:
+        var_sum = var_sum + 0.5 * (samples[-1] - samples[-2]).pow(2)
+    return var_sum.sqrt() / k
 
 
 def bound_bpd(

@@ -58,27 +58,43 @@ def dsm_loss(
     importance: bool = True,
     generator: torch.Generator | None = None,
     eps: float | None = None,
+    u: Tensor | None = None,
 ) -> Tensor:
     """Per-sample DSM loss in nats, [N]; see the module docstring for the exact scaling.
 
     `importance` applies to the likelihood weighting only ("original" always samples t uniformly).
+    `u` [N] in [0, 1): the uniform variates that pick t (through p(t)'s inverse CDF, or t uniform);
+    drawn from `generator` when not given. Stratified u lower the variance (`stratified_uniform`).
     """
     sde = model.sde
     eps = float(sde.eps if eps is None else eps)
     n, dev, dt = x0.shape[0], x0.device, x0.dtype
+    if u is None:
+        u = torch.rand(n, generator=generator, dtype=torch.float64, device=dev)
     if weighting == "likelihood":
         if importance:
             sampler = ImportanceSampler(sde, eps)
-            t = sampler.sample(n, generator=generator, device=dev, dtype=dt)
+            t = sampler.icdf(u).to(dt)
             xt, z, std = perturb(sde, x0, t, generator)
             eps_hat = model(xt, t)
             # (1/p(t)) * g^2/sigma^2 = Z exactly; only div f keeps a t-dependent weight.
             w = sampler.weight(t)
             return 0.5 * (sampler.Z * (_sq(eps_hat - z) - _sq(z)) - 2.0 * w * sde.div_f(xt, t))
-        t = eps + (sde.T - eps) * torch.rand(n, generator=generator, dtype=dt, device=dev)
+        t = (eps + (sde.T - eps) * u).to(dt)
         return (sde.T - eps) * bound_integrand(model, x0, t, generator)
     if weighting == "original":
-        t = eps + (sde.T - eps) * torch.rand(n, generator=generator, dtype=dt, device=dev)
+        t = (eps + (sde.T - eps) * u).to(dt)
         xt, z, _ = perturb(sde, x0, t, generator)
         return 0.5 * (sde.T - eps) * _sq(model(xt, t) - z)
     raise ValueError(f"unknown weighting {weighting!r}; expected 'likelihood' or 'original'")
+
+
+def stratified_uniform(k: int, n: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+    """[k, n] uniforms, column-wise stratified: row j lies in [j/k, (j+1)/k), jittered independently.
+
+    Averaging a function over the k rows estimates its integral over [0, 1) without bias, with the
+    variance left only within strata (VDM's low-discrepancy sampler uses the same idea over a batch).
+    """
+    jitter = torch.rand((k, n), generator=generator, dtype=torch.float64, device=device)
+    rows = torch.arange(k, dtype=torch.float64, device=device).unsqueeze(1)
+    return ((rows + jitter) / k).clamp(max=1.0 - 2.0**-53)

@@ -7,7 +7,8 @@ import torch
 
 from gaussian_reference import ScaledModel, expected_bound, ode_model_nll, sde_model_nll
 from scoreflow_codec import pixels
-from scoreflow_codec.likelihood import bound_bpd, bound_terms, ode_nll_bpd, ode_nll_continuous
+from scoreflow_codec.likelihood import bound_bpd, bound_terms, ode_nll_bpd, ode_nll_continuous, stratified_se
+from scoreflow_codec.losses import dsm_loss
 from scoreflow_codec.models.gaussian import GaussianScoreModel
 from scoreflow_codec.sde import SDEConfig, make_sde
 
@@ -208,3 +209,38 @@ def test_float32_pipeline():
         assert (bpd.double() - ref).abs().max() < tol, (trace, bpd, ref)
     terms = bound_terms(model, x, FixedDeq(u), n_t=10, generator=gen)
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in terms.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stratified_bound_is_unbiased_lower_variance_and_reports_a_safe_error(kind):
+    """bound_terms draws one t per stratum of p(t): against independent draws (plain dsm_loss) on a
+    192-dim Gaussian with a wrong score, both estimators match the closed form, the stratified one
+    with less spread (measured 2.3x / 2.3x / 5.5x lower std for vp / subvp / ve), and its reported
+    diffusion_se is not optimistic (measured mean se^2 / empirical variance 1.75 - 1.93)."""
+    sde, mu, s, exact, gen = gaussian(kind, (3, 8, 8))
+    model = ScaledModel(exact, 0.8)
+    x = pixels.from_model(mu + s * torch.randn((1, 3, 8, 8), generator=gen, dtype=F64)).floor().clamp(0, 255).to(torch.uint8)
+    u = torch.rand((1, 3, 8, 8), generator=gen, dtype=F64)
+    y = pixels.to_model(x, u)
+    reps, n_t = 400, 16
+    terms = bound_terms(model, x.expand((reps,) + x.shape[1:]), FixedDeq(u), n_t=n_t,
+                        generator=torch.Generator().manual_seed(11))
+    g = torch.Generator().manual_seed(12)
+    plain = torch.stack([dsm_loss(model, y.expand((reps,) + y.shape[1:]), generator=g) for _ in range(n_t)]).mean(0)
+    ref = expected_bound(sde, mu, s, y, 0.8)["diffusion"].item()
+    strat = terms["diffusion"]
+    for est in (strat, plain):
+        assert abs(est.mean().item() - ref) < 4 * est.std().item() / math.sqrt(reps)
+    assert strat.std() < 0.6 * plain.std()
+    ratio = (terms["diffusion_se"] ** 2).mean().item() / strat.var().item()
+    assert 0.8 < ratio < 3.0, ratio
+
+
+def test_stratified_se_formula():
+    """Pairs of adjacent strata: se = sqrt(sum of squared pair differences) / k; an odd last row adds
+    half its difference to the row before; fewer than two rows give NaN."""
+    f = torch.tensor([[1.0], [3.0], [2.0], [6.0]], dtype=F64)
+    assert stratified_se(f).item() == pytest.approx(math.sqrt(4 + 16) / 4)
+    f5 = torch.cat([f, torch.tensor([[9.0]], dtype=F64)])
+    assert stratified_se(f5).item() == pytest.approx(math.sqrt(4 + 16 + 0.5 * 9) / 5)
+    assert math.isnan(stratified_se(f[:1]).item())

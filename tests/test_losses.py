@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gaussian_reference import gaussian_setup, ScaledModel, expected_dsm, expected_integrand, integrate_in_log_snr
-from scoreflow_codec.losses import dsm_loss
+from scoreflow_codec.losses import dsm_loss, stratified_uniform
 from scoreflow_codec.models.gaussian import GaussianScoreModel
 
 KINDS = ["vp", "subvp", "ve"]
@@ -135,3 +135,28 @@ def test_unknown_weighting():
     _, _, _, model, _ = setup("vp")
     with pytest.raises(ValueError):
         dsm_loss(model, torch.zeros((1,) + SHAPE, dtype=F64), "nope")
+
+
+def test_stratified_uniform():
+    k, n = 7, 5
+    a = stratified_uniform(k, n, torch.Generator().manual_seed(0))
+    b = stratified_uniform(k, n, torch.Generator().manual_seed(0))
+    assert a.shape == (k, n) and a.dtype == torch.float64 and torch.equal(a, b)
+    rows = torch.arange(k, dtype=torch.float64).unsqueeze(1)
+    assert bool(((a >= rows / k) & (a < (rows + 1) / k)).all())
+    assert not torch.equal(a[:, 0], a[:, 1])  # each column jittered on its own
+
+
+@pytest.mark.parametrize("importance", [True, False])
+def test_dsm_loss_takes_its_time_variates(importance):
+    """Given u, dsm_loss uses t = icdf(u) (or eps + (T - eps) u); without u it draws u from the generator
+    first, so both calls see the same t and z."""
+    sde, mu, s, model, gen = setup("vp")
+    x0 = mu + s * torch.randn((6,) + SHAPE, generator=gen, dtype=F64)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    drawn = dsm_loss(model, x0, importance=importance, generator=g1)
+    u = torch.rand(x0.shape[0], generator=g2, dtype=torch.float64)
+    given = dsm_loss(model, x0, importance=importance, generator=g2, u=u)
+    torch.testing.assert_close(drawn, given)
+    other = dsm_loss(model, x0, importance=importance, generator=torch.Generator().manual_seed(5), u=1 - u)
+    assert not torch.allclose(drawn, other)
