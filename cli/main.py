@@ -124,6 +124,9 @@ def _out_name(name: str | None, index: int, n: int) -> str:
     return f"image_{index:0{max(4, len(str(n)))}d}.png"
 
 
+TILE_OPTION = click.option("--tile", type=click.IntRange(8, 256), default=None,
+                           help="Tile size in pixels the model sees at a time (default: the model's: "
+                                "64 for photo, 32 otherwise).")
 MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a path to an exported .safetensors."
 
 
@@ -135,12 +138,13 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("--mode", type=click.Choice(["ode", "chain"]), default="ode", show_default=True,
               help="ode: probability-flow ODE (smallest files); chain: diffusion chain (faster).")
 @click.option("--steps", type=click.IntRange(2, 4096), default=None, help="Solver / chain steps (default: the mode's).")
+@TILE_OPTION
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda; decode on the same kind.")
 @click.option("--verify/--no-verify", "verify", default=None,
               help="Decode before declaring success. Default: on where cheap (small inputs or chain mode).")
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, device, verify, force, quiet):
+def compress(inputs, output, model, mode, steps, tile, device, verify, force, quiet):
     """Compress one or more images into one .sfc file."""
     from scoreflow_codec import api, images
 
@@ -150,9 +154,10 @@ def compress(inputs, output, model, mode, steps, device, verify, force, quiet):
         src.meta.setdefault("name", p.name)
     m = _load_model(model, device, [s.size for s in sources])
     settings = {"steps": steps} if steps else None
+    ss = api.default_stream_settings(m, tile)
     t0 = time.perf_counter()
-    with _progress(api.compress_work_units(sources, m, mode, settings), "encode", quiet) as tick:
-        data, rep = api.compress(sources, m, mode, settings, device=device, progress=tick)
+    with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
+        data, rep = api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick)
     enc_s = time.perf_counter() - t0
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
@@ -252,19 +257,21 @@ def info(input, as_json):
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["ode", "chain"]), default="ode", show_default=True)
 @click.option("--steps", type=click.IntRange(2, 4096), default=None)
+@TILE_OPTION
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, device, as_json, quiet):
+def verify(inputs, model, mode, steps, tile, device, as_json, quiet):
     """Compress and decompress in memory, check the pixels are identical, report size and time."""
     from scoreflow_codec import api, images
 
     sources = [images.load_image(p) for p in inputs]
     m = _load_model(model, device, [s.size for s in sources])
     settings = {"steps": steps} if steps else None
+    ss = api.default_stream_settings(m, tile)
     t0 = time.perf_counter()
-    with _progress(api.compress_work_units(sources, m, mode, settings), "encode", quiet) as tick:
-        data, rep = api.compress(sources, m, mode, settings, device=device, progress=tick)
+    with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
+        data, rep = api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick)
@@ -289,8 +296,9 @@ def verify(inputs, model, mode, steps, device, as_json, quiet):
 @click.option("--rtol", type=float, default=1e-5, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@TILE_OPTION
 @click.option("--json", "as_json", is_flag=True)
-def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, seed, as_json):
+def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, seed, tile, as_json):
     """Bits/dim a model assigns: the likelihood bound and the ODE NLL (the paper's numbers).
 
     INPUTS are image files or .npz files of uint8 images (key "images").
@@ -299,7 +307,8 @@ def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, seed, as_jso
 
     arrays, names = api.load_eval_inputs(inputs, limit)
     m = _load_model(model, device, [(a.shape[1], a.shape[0]) for a in arrays])
-    rows = api.evaluate_images(arrays, m, device=device, ode=not no_ode, n_t=n_t, rtol=rtol, atol=atol, seed=seed)
+    rows = api.evaluate_images(arrays, m, device=device, ode=not no_ode, n_t=n_t, rtol=rtol, atol=atol, seed=seed,
+                               tile=tile)
     for r, nm in zip(rows, names):
         r["image"] = nm
     summary = api.summarize(rows)

@@ -57,6 +57,11 @@ def full_settings(header: dict) -> tuple[dict, dict]:
             {**FORMAT_DEFAULTS["stream"], **header["stream"]})
 
 
+def default_stream_settings(model, tile: int | None = None) -> stream.StreamSettings:
+    """The stream settings compress uses with a model: its tile size (LoadedModel.tile) unless given."""
+    return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)))
+
+
 def default_settings(mode: str) -> dict:
     if mode == "ode":
         return ODESettings().to_dict()
@@ -125,7 +130,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
     settings = {**default_settings(mode), **(settings or {})}
-    ss = stream_settings or stream.StreamSettings()
+    ss = stream_settings or default_stream_settings(model)
     # refuse up front what the decoder would refuse (api._validate_coding), not after the work
     try:
         _check_values(mode, settings, _SETTING_RULES[mode], False)
@@ -377,13 +382,15 @@ def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, setti
     settings = {**default_settings(mode), **(settings or {})}
     codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, 1, eps_mse=_eps_mse(model))
     shapes = [s.color.shape if s.color is not None else (0, 0, 0) for s in sources]
-    _, _, _, batches = stream.plan(shapes, codec, stream_settings or stream.StreamSettings())
+    _, _, _, batches = stream.plan(shapes, codec, stream_settings or default_stream_settings(model))
     return codec.steps_per_batch() * len(batches)
 
 
 # --- conveniences for the bench -------------------------------------------------------------
-def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", **settings) -> bytes:
-    data, _ = compress([imgs.from_array(a) for a in arrays], model, mode, settings or None, device=device)
+def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
+                    **settings) -> bytes:
+    data, _ = compress([imgs.from_array(a) for a in arrays], model, mode, settings or None,
+                       stream_settings=default_stream_settings(model, tile), device=device)
     return data
 
 
@@ -453,10 +460,14 @@ def image_tiles(arr: np.ndarray, size: int = 32) -> np.ndarray:
 
 def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: bool = True, bound: bool = True,
                     n_t: int = 1000, rtol: float = 1e-5, atol: float = 1e-5, seed: int = 0,
-                    tile: int = 32, batch: int = 64) -> list[dict]:
+                    tile: int | None = None, batch: int = 64) -> list[dict]:
     """Per image: bound bpd (with and without the eps correction) and ODE NLL bpd, averaged over
-    its tiles (edge tiles padded by replication, so counted over the padded dims)."""
+    its tiles (edge tiles padded by replication, so counted over the padded dims; tile: the
+    model's by default, as compress uses). Both are of the same dequantized y (one u per tile)."""
     from . import likelihood
+
+    tile = default_stream_settings(model, tile).tile
+    batch = max(1, batch * 32 * 32 // (tile * tile))  # about as many pixels per batch at any tile size
 
     gen = torch.Generator().manual_seed(seed)
     rows = []
@@ -465,12 +476,13 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
         r: dict = {"tiles": int(x.shape[0])}
         for s in range(0, x.shape[0], batch):
             xb = x[s:s + batch]
+            deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
             if bound:
-                terms = likelihood.bound_terms(model.model, xb, model.dequantizer, n_t=n_t, generator=gen)
+                terms = likelihood.bound_terms(model.model, xb, deq, n_t=n_t, generator=gen)
                 r.setdefault("_b", []).append(terms["bpd_with"].cpu())
                 r.setdefault("_bn", []).append(terms["bpd_without"].cpu())
             if ode:
-                nll = likelihood.ode_nll_bpd(model.model, xb, model.dequantizer, rtol=rtol, atol=atol,
+                nll = likelihood.ode_nll_bpd(model.model, xb, deq, rtol=rtol, atol=atol,
                                              trace="hutchinson", generator=gen)
                 r.setdefault("_o", []).append(nll.detach().cpu())
         for key, name in (("_b", "bound_bpd"), ("_bn", "bound_bpd_nocorr"), ("_o", "ode_nll_bpd")):

@@ -23,6 +23,20 @@ def _sq(v: Tensor) -> Tensor:
     return v.reshape(v.shape[0], -1).pow(2).sum(1)
 
 
+class DrawnDequantization:
+    """One draw (u, log q(u | x)) of a dequantizer, handed out again on every `sample` call: the
+    bound and the ODE NLL of the very same y = x + u, so their difference carries no u-noise."""
+
+    def __init__(self, dequantizer, x_uint8: Tensor, generator: torch.Generator | None = None):
+        with torch.no_grad():
+            self.u, self.log_q = dequantizer.sample(x_uint8, generator=generator)
+
+    def sample(self, x_uint8: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        if x_uint8.shape != self.u.shape:
+            raise ValueError(f"drawn for shape {tuple(self.u.shape)}, asked for {tuple(x_uint8.shape)}")
+        return self.u, self.log_q
+
+
 # --- the bound ----------------------------------------------------------------------------
 def prior_term(sde, y: Tensor) -> Tensor:
     """E[-log pi(x_T)], x_T = alpha_T y + sigma_T z: a Gaussian expectation, so closed form [N]."""

@@ -39,6 +39,7 @@ class LoadedModel:
     model: ScoreModel
     dequantizer: Dequantizer
     sde: SDE
+    tile: int = 32  # the tile size the codec uses with it by default (a zoo entry may set another)
 
 
 def model_config(model: ScoreModel, dequantizer: Dequantizer, preset: str | None = None,

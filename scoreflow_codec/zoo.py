@@ -1,6 +1,7 @@
 """Shipped models by name: `zoo/index.json` maps names to packaged model files with their sha256.
 
-index.json = {"models": {name: {"file", "sha256", "description", "image_size"}}, "default": name | null}
+index.json = {"models": {name: {"file", "sha256", "description", "image_size", "tile"?}}, "default": name | null};
+"tile" (optional, default 32) is the tile size the codec uses with that model unless told otherwise.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
         raise ModelError(f"shipped model {name!r} is corrupt: sha256 {sha[:12]}... differs from the index")
     loaded = load_model_file(path, device)
     loaded.name = name
+    loaded.tile = int(entry.get("tile", loaded.tile))
     return loaded
 
 

@@ -352,6 +352,27 @@ def test_help_subprocess():
     assert "compress" in r.stdout and "decompress" in r.stdout and "Exit codes" in r.stdout
 
 
+def test_tile_option(image, model_a, tmp_path):
+    """--tile picks the tile size; the file records it and decodes without being told."""
+    seeds = 5  # chain mode's seed tiles at 8 steps (test_round_trip_through_the_model)
+    filler = save_png(Image.fromarray(_smooth_rgb(16, 16 * seeds), "RGB"), tmp_path / "filler.png")
+    srcs = [filler, image("rgb_31x33")]
+    sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
+    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"],
+                      "--tile", "16", "-q"))
+    h = json.loads(sfcodec("info", sfc, "--json").stdout)
+    assert h["stream"]["tile"] == 16 and h["fields"]["n_tiles"] == seeds + 2 * 3  # 31x33 in 16px tiles
+    assert h["fields"]["n_seed"] < h["fields"]["n_tiles"]  # the model codes some
+    assert "tiles of 16px" in sfcodec("info", sfc).stdout
+    assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
+    for s in srcs:
+        assert_same_pixels(s, outdir / s.name)
+    for bad in ("4", "512", "x"):
+        r = sfcodec("compress", srcs[1], "-o", tmp_path / "t.sfc", "--model", model_a, "--tile", bad)
+        assert r.exit_code == EXIT["usage"] and "--tile" in r.stderr
+    assert not (tmp_path / "t.sfc").exists()
+
+
 # --- bad input: one line, the documented exit code, nothing written ---------------------------
 def test_usage_errors(tmp_path, image):
     src = image("rgb_1x1")

@@ -7,7 +7,8 @@ import torch
 
 from gaussian_reference import ScaledModel, expected_bound, ode_model_nll, sde_model_nll
 from scoreflow_codec import pixels
-from scoreflow_codec.likelihood import bound_bpd, bound_terms, ode_nll_bpd, ode_nll_continuous, stratified_se
+from scoreflow_codec.likelihood import (DrawnDequantization, bound_bpd, bound_terms, ode_nll_bpd, ode_nll_continuous,
+                                        stratified_se)
 from scoreflow_codec.losses import dsm_loss
 from scoreflow_codec.models.gaussian import GaussianScoreModel
 from scoreflow_codec.sde import SDEConfig, make_sde
@@ -244,3 +245,19 @@ def test_stratified_se_formula():
     f5 = torch.cat([f, torch.tensor([[9.0]], dtype=F64)])
     assert stratified_se(f5).item() == pytest.approx(math.sqrt(4 + 16 + 0.5 * 9) / 5)
     assert math.isnan(stratified_se(f[:1]).item())
+
+
+def test_drawn_dequantization_gives_the_bound_and_the_ode_the_same_y():
+    """With one drawn u, bound_terms and ode_nll_bpd see the same y: the ODE NLL matches the closed form
+    at that y, and a batch of another shape is refused."""
+    sde, mu, s, model, gen = gaussian("vp", (2, 2, 2), seed=4)
+    x = pixels.from_model(mu + s * torch.randn((3, 2, 2, 2), generator=gen, dtype=F64)).floor().clamp(0, 255).to(torch.uint8)
+    deq = DrawnDequantization(UniformDeq(), x, torch.Generator().manual_seed(0))
+    u1, _ = deq.sample(x)
+    u2, _ = deq.sample(x, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(u1, u2)
+    nll = ode_nll_bpd(model, x, deq)
+    ref = pixels.nats_to_bpd(model.ode_nll(pixels.to_model(x, u1))[0], 8)
+    assert (nll - ref).abs().max() < 1e-3
+    with pytest.raises(ValueError, match="drawn for shape"):
+        deq.sample(x[:2])

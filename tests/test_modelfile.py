@@ -167,6 +167,7 @@ def test_shipped_zoo_is_consistent():
         assert path.stat().st_size < 15 * 2**20, name
         lm = zoo.load_model(name)
         assert lm.name == name and lm.sha256 == entry["sha256"]
+        assert isinstance(entry.get("tile", 32), int) and 8 <= lm.tile <= 256, name
         assert (zoo.ZOO_DIR / f"{name}.md").is_file(), f"{name} has no model card"
 
 
@@ -180,17 +181,19 @@ def test_zoo(tmp_path, monkeypatch):
     entry = dict(sha256=sha, description="a toy", image_size=32)
     (zdir / "index.json").write_text(json.dumps({"models": {
         "toy": {"file": "toy.safetensors", **entry},
+        "toy64": {"file": "toy.safetensors", **entry, "tile": 64},
         "bad": {"file": "bad.safetensors", **{**entry, "sha256": "0" * 64}},
         "gone": {"file": "gone.safetensors", **entry}}, "default": "toy"}))
     monkeypatch.setattr(zoo, "ZOO_DIR", zdir)
 
-    assert [m["name"] for m in zoo.list_models()] == ["toy", "bad", "gone"]
+    assert [m["name"] for m in zoo.list_models()] == ["toy", "toy64", "bad", "gone"]
     assert zoo.list_models()[0]["default"] and zoo.default_model() == "toy"
     lm = zoo.load_model("toy")
     assert lm.name == "toy" and lm.sha256 == sha
+    assert lm.tile == 32 and zoo.load_model("toy64").tile == 64 and zoo.load_model(str(good)).tile == 32
     assert zoo.load_model(None).name == "toy"
     assert zoo.load_model(str(good)).sha256 == sha  # a path wins
-    for name, words in [("bad", "corrupt"), ("gone", "missing"), ("nothing", "shipped: toy, bad, gone")]:
+    for name, words in [("bad", "corrupt"), ("gone", "missing"), ("nothing", "shipped: toy, toy64, bad, gone")]:
         with pytest.raises(ModelError, match=words):
             zoo.load_model(name)
 

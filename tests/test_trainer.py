@@ -14,7 +14,7 @@ from PIL import Image
 from scoreflow_codec.modelfile import load_model_file
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
-from trainer.data import CropSampler, load_images
+from trainer.data import CropSampler, center_crops, load_images
 from trainer.train import export, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,3 +112,19 @@ def test_ddp_two_processes_cpu(cifar_small, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     _, state = ckpt.load_checkpoint(out / "checkpoint")
     assert state["step"] == 3 and state["images"] == 3 * 8
+
+
+def test_eval_crops_spread_over_few_images():
+    """Many images: the centre crop of each of the first n. Few: a regular grid of crops per image."""
+    rng = np.random.default_rng(0)
+    many = [rng.integers(0, 256, (40, 36, 3), dtype=np.uint8) for _ in range(10)]
+    x = center_crops(many, 32, 4)
+    assert x.shape == (4, 3, 32, 32)
+    assert torch.equal(x[1], torch.from_numpy(many[1][4:36, 2:34].transpose(2, 0, 1).copy()))
+    few = [rng.integers(0, 256, (100, 80, 3), dtype=np.uint8) for _ in range(3)]
+    y = center_crops(few, 32, 10)  # 4 per image on a 2x2 grid, the first 10 kept
+    assert y.shape == (10, 3, 32, 32)
+    corners = [(0, 0), (0, 48), (68, 0), (68, 48)]
+    for j, (r, c) in enumerate(corners):
+        assert torch.equal(y[4 + j], torch.from_numpy(few[1][r:r + 32, c:c + 32].transpose(2, 0, 1).copy()))
+    assert torch.equal(center_crops(few, 32, 3)[2], torch.from_numpy(few[2][34:66, 24:56].transpose(2, 0, 1).copy()))

@@ -5,6 +5,7 @@ own random stream, so ranks never see the same crop.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -87,10 +88,21 @@ class CropSampler:
 
 
 def center_crops(images: list[np.ndarray], crop: int, n: int) -> torch.Tensor:
-    """Deterministic evaluation batch: the centre crop of the first n images."""
+    """Deterministic evaluation batch of n crops (fewer if the images hold fewer).
+
+    With at least n images: the centre crop of each of the first n (a CIFAR-style set). With fewer
+    (a folder of photographs): k = ceil(n / len) crops from each image on a regular grid
+    (k = 1: the centre), the first n of them, so a dozen held-out photos still give n crops."""
     out = []
+    k = max(1, -(-n // max(1, len(images))))
+    g = math.ceil(math.sqrt(k))
     for im in images[:n]:
         h, w = im.shape[:2]
-        y, x = (h - crop) // 2, (w - crop) // 2
-        out.append(im[y:y + crop, x:x + crop])
-    return torch.from_numpy(np.ascontiguousarray(np.stack(out).transpose(0, 3, 1, 2)))
+        if k == 1:
+            pos = [((h - crop) // 2, (w - crop) // 2)]
+        else:
+            ys = np.linspace(0, h - crop, g).astype(int) if h > crop else np.zeros(g, int)
+            xs = np.linspace(0, w - crop, g).astype(int) if w > crop else np.zeros(g, int)
+            pos = [(int(y), int(x)) for y in ys for x in xs][:k]
+        out.extend(im[y:y + crop, x:x + crop] for y, x in pos)
+    return torch.from_numpy(np.ascontiguousarray(np.stack(out[:n]).transpose(0, 3, 1, 2)))
