@@ -31,7 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"named set ({', '.join(datasets.NAMED)}), .npz file or image folder")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N images of each set")
     p.add_argument("--model", metavar="NAME|PATH", default="auto",
-                   help="scoreflow model: a zoo name, a file, or auto (the shipped default)")
+                   help="scoreflow model: a zoo name, a file, or auto (as sfcodec compress: by the "
+                        "set's image sizes, cifar10 up to 64x64, photo above)")
     p.add_argument("--mode", choices=["ode", "chain"], default="ode")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--codecs", default="all",
@@ -164,16 +165,20 @@ def main(argv=None) -> int:
     try:
         codecs, skipped = classical.select(args.classical) if args.classical else ([], {})
         model = None
-        if args.scoreflow:
+        if args.scoreflow and args.model != "auto":
             model = scoreflow_runner.load_model(args.model, args.device)
         sets = [datasets.quick_set()] if args.quick else \
             [datasets.load(s, args.limit) for s in args.sets]
-        if not codecs and model is None:
+        if not codecs and not args.scoreflow:
             raise DataError("no codec is available: " + "; ".join(
                 f"{k}: {v}" for k, v in skipped.items()))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for imgset in sets:
-            result = bench_set(imgset, codecs, skipped, model, args)
+            set_model = model
+            if args.scoreflow and model is None:  # auto: as the CLI picks, by the set's image sizes
+                sizes = [(im.shape[1], im.shape[0]) for im in imgset.images]
+                set_model = scoreflow_runner.load_model("auto", args.device, sizes)
+            result = bench_set(imgset, codecs, skipped, set_model, args)
             safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", imgset.name)
             outdir = _fresh_dir(args.out / f"{stamp}_{safe_name}")
             report.write(result, outdir)

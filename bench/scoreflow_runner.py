@@ -37,8 +37,16 @@ def check_available() -> None:
     _import_api()
 
 
-def load_model(name_or_path: str | None, device: str):
+def load_model(name_or_path: str | None, device: str, sizes: list[tuple[int, int]] | None = None):
+    """A zoo name or a file; "auto" (or nothing): the model `sfcodec compress` picks for images of
+    these (width, height) sizes, else the shipped default."""
     _, zoo = _import_api()
+    if (not name_or_path or name_or_path == "auto") and sizes:
+        from scoreflow_codec.errors import ModelError
+        try:
+            name_or_path = zoo.auto_model_name(sizes)
+        except ModelError as e:
+            raise ScoreflowError(str(e)) from None
     if not name_or_path or name_or_path == "auto":
         name_or_path = zoo.default_model()
         if name_or_path is None:

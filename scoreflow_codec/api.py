@@ -62,6 +62,13 @@ def default_stream_settings(model, tile: int | None = None) -> stream.StreamSett
     return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)))
 
 
+def default_micro_batch(tile: int) -> int:
+    """Tiles per network call: as many pixels as 8 tiles of 32x32 (at least one tile). Calls are
+    zero-padded to this size, and the first batches of a stream hold few tiles: a fixed 8 wasted
+    most of each call at 64px tiles (a 256x384 crop took 103 s instead of 58 s at 32px)."""
+    return max(1, DEFAULT_MICRO_BATCH * 32 * 32 // (tile * tile))
+
+
 def default_settings(mode: str) -> dict:
     if mode == "ode":
         return ODESettings().to_dict()
@@ -123,7 +130,7 @@ def _shapes(sources: list[imgs.SourceImage]):
 
 def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
-             micro_batch: int = DEFAULT_MICRO_BATCH, progress: Callable[[int], None] | None = None,
+             micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
              track: bool = False) -> tuple[bytes, CompressReport]:
     """Code images with a loaded model into .sfc bytes."""
     if not sources:
@@ -131,6 +138,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     t0 = time.perf_counter()
     settings = {**default_settings(mode), **(settings or {})}
     ss = stream_settings or default_stream_settings(model)
+    micro_batch = micro_batch or default_micro_batch(ss.tile)
     # refuse up front what the decoder would refuse (api._validate_coding), not after the work
     try:
         _check_values(mode, settings, _SETTING_RULES[mode], False)

@@ -81,3 +81,17 @@ def test_model_error_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "scoreflow_codec.zoo", zoo)
     with pytest.raises(scoreflow_runner.ScoreflowError, match="no model named nope"):
         scoreflow_runner.load_model("nope", "cpu")
+
+
+def test_auto_model_follows_image_sizes(monkeypatch):
+    """--model auto picks what `sfcodec compress` would for the set's sizes (not always the default)."""
+    api, zoo = _stub_api()
+    zoo.auto_model_name = lambda sizes: "photo" if max(max(s) for s in sizes) > 64 else "cifar10"
+    zoo.default_model = lambda: "cifar10"
+    zoo.load_model = lambda name, device: name
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.api", api)
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.zoo", zoo)
+    assert scoreflow_runner.load_model("auto", "cpu", [(768, 512)]) == "photo"
+    assert scoreflow_runner.load_model("auto", "cpu", [(32, 32)]) == "cifar10"
+    assert scoreflow_runner.load_model("auto", "cpu") == "cifar10"
+    assert scoreflow_runner.load_model("cifar10", "cpu", [(768, 512)]) == "cifar10"

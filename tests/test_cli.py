@@ -363,6 +363,7 @@ def test_tile_option(image, model_a, tmp_path):
     h = json.loads(sfcodec("info", sfc, "--json").stdout)
     assert h["stream"]["tile"] == 16 and h["fields"]["n_tiles"] == seeds + 2 * 3  # 31x33 in 16px tiles
     assert h["fields"]["n_seed"] < h["fields"]["n_tiles"]  # the model codes some
+    assert h["setup"]["micro_batch"] == 32  # as many pixels per network call as 8 tiles of 32
     assert "tiles of 16px" in sfcodec("info", sfc).stdout
     assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
     for s in srcs:

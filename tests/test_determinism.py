@@ -211,3 +211,8 @@ def test_a_failed_verify_writes_nothing(cli, monkeypatch):
     res, out, _ = cli(force=True)
     assert res.exit_code == 7 and out.read_bytes() == b"precious"
     assert sorted(p.name for p in out.parent.iterdir()) == ["in.png", "out.sfc"]
+
+
+def test_default_micro_batch_keeps_pixels_per_call():
+    """8 tiles of 32x32 per network call at any tile size (at least one tile)."""
+    assert [api.default_micro_batch(t) for t in (8, 16, 32, 64, 128, 256)] == [128, 32, 8, 2, 1, 1]
