@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", metavar="NAME|PATH", default="auto",
                    help="scoreflow model: a zoo name, a file, or auto (as sfcodec compress: by the "
                         "set's image sizes, cifar10 up to 64x64, photo above)")
-    p.add_argument("--mode", choices=["ode", "chain"], default="ode")
+    p.add_argument("--mode", choices=["chain", "ode"], default="chain", help="as sfcodec compress (default chain)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--codecs", default="all",
                    help="all | classical | scoreflow | comma list, e.g. png,webp,scoreflow "
