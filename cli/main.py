@@ -127,7 +127,7 @@ def _out_name(name: str | None, index: int, n: int) -> str:
 TILE_OPTION = click.option("--tile", type=click.IntRange(8, 256), default=None,
                            help="Tile size in pixels the model sees at a time (default: the model's: "
                                 "64 for photo, 32 otherwise).")
-MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both smaller and ~20x faster); "
+MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both smaller and about 10x faster); "
              "ode: the probability-flow ODE (the paper's likelihood; slow on a CPU).")
 MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a path to an exported .safetensors."
 
