@@ -104,6 +104,16 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
     return zoo.load_model(spec, device=device)
 
 
+def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool):
+    """api.compress with the CLI's options (steps, tile) and an encode progress bar -> (data, report)."""
+    from scoreflow_codec import api
+
+    settings = {"steps": steps} if steps else None
+    ss = api.default_stream_settings(m, tile)
+    with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
+        return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick)
+
+
 def _read_sfc(path: Path) -> bytes:
     if not path.exists():
         raise BadFileError(f"{path}: no such file")
@@ -154,11 +164,8 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, force, qu
     for src, p in zip(sources, inputs):
         src.meta.setdefault("name", p.name)
     m = _load_model(model, device, [s.size for s in sources])
-    settings = {"steps": steps} if steps else None
-    ss = api.default_stream_settings(m, tile)
     t0 = time.perf_counter()
-    with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
-        data, rep = api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet)
     enc_s = time.perf_counter() - t0
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
@@ -268,11 +275,8 @@ def verify(inputs, model, mode, steps, tile, device, as_json, quiet):
 
     sources = [images.load_image(p) for p in inputs]
     m = _load_model(model, device, [s.size for s in sources])
-    settings = {"steps": steps} if steps else None
-    ss = api.default_stream_settings(m, tile)
     t0 = time.perf_counter()
-    with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
-        data, rep = api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick)

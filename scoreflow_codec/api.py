@@ -62,11 +62,16 @@ def default_stream_settings(model, tile: int | None = None) -> stream.StreamSett
     return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)))
 
 
+def tiles_like(n32: int, tile: int) -> int:
+    """How many tiles of `tile` px hold as many pixels as n32 tiles of 32x32 (at least one)."""
+    return max(1, n32 * 32 * 32 // (tile * tile))
+
+
 def default_micro_batch(tile: int) -> int:
-    """Tiles per network call: as many pixels as 8 tiles of 32x32 (at least one tile). Calls are
-    zero-padded to this size, and the first batches of a stream hold few tiles: a fixed 8 wasted
-    most of each call at 64px tiles (a 256x384 crop took 103 s instead of 58 s at 32px)."""
-    return max(1, DEFAULT_MICRO_BATCH * 32 * 32 // (tile * tile))
+    """Tiles per network call: as many pixels as 8 tiles of 32x32. Calls are zero-padded to this
+    size, and the first batches of a stream hold few tiles: a fixed 8 wasted most of each call at
+    64px tiles (a 256x384 crop took 103 s instead of 58 s at 32px)."""
+    return tiles_like(DEFAULT_MICRO_BATCH, tile)
 
 
 def default_settings(mode: str) -> dict:
@@ -475,7 +480,7 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
     from . import likelihood
 
     tile = default_stream_settings(model, tile).tile
-    batch = max(1, batch * 32 * 32 // (tile * tile))  # about as many pixels per batch at any tile size
+    batch = tiles_like(batch, tile)  # about as many pixels per batch at any tile size
 
     gen = torch.Generator().manual_seed(seed)
     rows = []
