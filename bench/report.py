@@ -89,7 +89,7 @@ def markdown(result: dict) -> str:
         s = next(x for x in result["summary"] if x["codec"] == "scoreflow")
         gap = None if s["mean_bpd"] is None or s["ode_nll_bpd"] is None \
             else s["mean_bpd"] - s["ode_nll_bpd"]
-        st = sf["stream"]
+        st = sf["stream"] or {"bpd": None, "lossless": True}  # None: --no-stream
         lines += ["", "| scoreflow | bound bpd | bound bpd (no corr) | ODE NLL bpd "
                   "| actual single bpd | actual stream bpd | actual - NLL | lossless |",
                   "|---|---:|---:|---:|---:|---:|---:|---|",

@@ -47,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-n-t", type=int, default=1000, help="time samples for the bound")
     p.add_argument("--eval-rtol", type=float, default=1e-5, help="rtol = atol of the ODE NLL solver")
     p.add_argument("--no-nll", action="store_true", help="skip the ODE NLL (the slowest column)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="skip the whole-set stream (it codes every image a second time; on large "
+                        "images it differs from the single files only by the per-file overhead)")
     p.add_argument("--quick", action="store_true",
                    help="4 CIFAR-10 test images + one 64x48 crop, instead of SET_OR_PATH; with a "
                         "scoreflow column it also codes with 16 steps and evaluates loosely (CI smoke test)")
@@ -115,7 +118,8 @@ def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args) -> 
     sf = None
     if model is not None:
         sf = scoreflow_runner.run(imgset.images, imgset.names, model, args.mode, args.device,
-                                  args.sf_settings, progress=bar, eval_options=args.sf_eval)
+                                  args.sf_settings, progress=bar, eval_options=args.sf_eval,
+                                  stream=not args.no_stream)
         for img, r in zip(imgset.images, sf["per_image"]):
             h, w, c = img.shape
             rows.append({"height": h, "width": w, "channels": c, "codec": "scoreflow",

@@ -68,11 +68,13 @@ def model_info(model, name_or_path: str) -> dict:
 
 def run(images: list[np.ndarray], names: list[str], model, mode: str, device: str,
         settings: dict[str, Any] | None = None,
-        progress: Callable[[int], None] | None = None, eval_options: dict | None = None) -> dict:
+        progress: Callable[[int], None] | None = None, eval_options: dict | None = None,
+        stream: bool = True) -> dict:
     """Bound / NLL / actual single-file / actual stream numbers for ``images``.
 
-    Returns {"per_image": [row per image], "stream": {...}}. Every file is decoded and
-    compared to its input; a failure is recorded in the row, never hidden.
+    Returns {"per_image": [row per image], "stream": {...} or None when ``stream`` is False}.
+    Every file is decoded and compared to its input; a failure is recorded in the row, never
+    hidden.
     """
     api, _ = _import_api()
     settings = settings or {}
@@ -88,7 +90,8 @@ def run(images: list[np.ndarray], names: list[str], model, mode: str, device: st
         rows.append(row)
         if progress:
             progress(1)
-    return {"per_image": rows, "stream": _code(images, api, model, mode, device, settings)}
+    return {"per_image": rows,
+            "stream": _code(images, api, model, mode, device, settings) if stream else None}
 
 
 def _code(images, api, model, mode, device, settings) -> dict:

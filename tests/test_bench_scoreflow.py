@@ -70,6 +70,24 @@ def test_scoreflow_columns(monkeypatch, tmp_path, npz_set, capsys, lossy):
         assert "| NO" in table
 
 
+def test_no_stream_codes_each_image_once(monkeypatch, tmp_path, npz_set, capsys):
+    api, zoo = _stub_api()
+    calls = []
+    compress = api.compress_images
+    api.compress_images = lambda images, *a, **k: calls.append(len(images)) or compress(images, *a, **k)
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.api", api)
+    monkeypatch.setitem(sys.modules, "scoreflow_codec.zoo", zoo)
+    rc = run.main([str(npz_set), "--codecs", "scoreflow", "--model", "stub", "--setting", "steps=8",
+                   "--no-stream", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    assert calls == [1, 1, 1]  # one file per image, no whole-set stream
+    (outdir,) = (tmp_path / "out").iterdir()
+    res = json.loads((outdir / "results.json").read_text())
+    assert res["scoreflow"]["stream"] is None
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| model=stub"))
+    assert row.split("|")[6].strip() == "n/a" and row.rstrip().endswith("| yes |")
+
+
 def test_model_error_is_a_clear_error(monkeypatch):
     from scoreflow_codec.errors import ModelError
     api, zoo = _stub_api()
