@@ -473,10 +473,11 @@ def image_tiles(arr: np.ndarray, size: int = 32) -> np.ndarray:
 
 def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: bool = True, bound: bool = True,
                     n_t: int = 1000, rtol: float = 1e-5, atol: float = 1e-5, seed: int = 0,
-                    tile: int | None = None, batch: int = 64) -> list[dict]:
+                    tile: int | None = None, batch: int = 64, probes: int = 1) -> list[dict]:
     """Per image: bound bpd (with and without the eps correction) and ODE NLL bpd, averaged over
     its tiles (edge tiles padded by replication, so counted over the padded dims; tile: the
-    model's by default, as compress uses). Both are of the same dequantized y (one u per tile)."""
+    model's by default, as compress uses). Both are of the same dequantized y (one u per tile).
+    probes: Hutchinson probes per tile for the ODE's divergence (its noise falls as 1/sqrt)."""
     from . import likelihood
 
     tile = default_stream_settings(model, tile).tile
@@ -496,7 +497,7 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
                 r.setdefault("_bn", []).append(terms["bpd_without"].cpu())
             if ode:
                 nll = likelihood.ode_nll_bpd(model.model, xb, deq, rtol=rtol, atol=atol,
-                                             trace="hutchinson", generator=gen)
+                                             trace="hutchinson", generator=gen, probes=probes)
                 r.setdefault("_o", []).append(nll.detach().cpu())
         for key, name in (("_b", "bound_bpd"), ("_bn", "bound_bpd_nocorr"), ("_o", "ode_nll_bpd")):
             if key in r:

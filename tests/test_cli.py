@@ -374,6 +374,25 @@ def test_tile_option(image, model_a, tmp_path):
     assert not (tmp_path / "t.sfc").exists()
 
 
+def test_eval(model_a, tmp_path):
+    """eval: a row per image and their mean, bound and ODE NLL (several probes), reproducible by seed."""
+    npz = tmp_path / "two.npz"
+    np.savez(npz, images=np.stack([_smooth_rgb(16, 16, 1), _smooth_rgb(16, 16, 2)]))
+    args = ["eval", npz, "--model", model_a, "--n-t", "4", "--rtol", "1e-2", "--atol", "1e-2", "--probes", "2"]
+    r = sfcodec(*args, "--json")
+    assert_ok(r)
+    out = json.loads(r.stdout)
+    assert [row["image"] for row in out["rows"]] == ["two.npz[0]", "two.npz[1]"]
+    for row in out["rows"]:
+        assert 0 < row["bound_bpd"] < 64 and 0 < row["ode_nll_bpd"] < 64  # an untrained model: about 17
+    assert out["mean"]["ode_nll_bpd"] == pytest.approx(np.mean([row["ode_nll_bpd"] for row in out["rows"]]))
+    assert json.loads(sfcodec(*args, "--json").stdout) == out  # same seed, same numbers
+    table = sfcodec(*args, "--no-ode").stdout.splitlines()
+    assert table[0].split() == ["image", "bound_bpd", "bound_bpd_nocorr"] and table[-1].startswith("mean")
+    bad = sfcodec(*args[:-1], "0")
+    assert bad.exit_code == EXIT["usage"] and "--probes" in bad.stderr
+
+
 # --- bad input: one line, the documented exit code, nothing written ---------------------------
 def test_usage_errors(tmp_path, image):
     src = image("rgb_1x1")
