@@ -102,15 +102,21 @@ def test_ode_nll_exact_trace_matches_closed_form(kind):
     torch.testing.assert_close(bpd, pixels.nats_to_bpd(model.ode_nll(pixels.to_model(x, u))[0], d), atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("kind,probe", [("vp", "rademacher"), ("subvp", "rademacher"), ("ve", "rademacher"), ("vp", "gaussian")])
-def test_ode_nll_hutchinson_matches_closed_form(kind, probe):
-    """Rotated Gaussian data (non-diagonal Jacobian); one probe per row, K rows per image, averaged."""
+def rotated_gaussian(kind, n):
+    """Gaussian data seen through a random rotation (a non-diagonal Jacobian, so Hutchinson probes
+    are not exact): (model, inner, n rows y, their exact -log p in nats, generator, D = 12)."""
     sde, mu, s, inner, gen = gaussian(kind, (3, 2, 2), s_lo=0.3, s_hi=0.6)
     d = 12
     q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=F64))
     model = Rotated(inner, q)
-    y = model.rot(mu + s * torch.randn((2, 3, 2, 2), generator=gen, dtype=F64), q)
-    ref = inner.ode_nll(model.rot(y, q.T))[0]
+    y = model.rot(mu + s * torch.randn((n, 3, 2, 2), generator=gen, dtype=F64), q)
+    return model, inner, y, inner.ode_nll(model.rot(y, q.T))[0], gen, d
+
+
+@pytest.mark.parametrize("kind,probe", [("vp", "rademacher"), ("subvp", "rademacher"), ("ve", "rademacher"), ("vp", "gaussian")])
+def test_ode_nll_hutchinson_matches_closed_form(kind, probe):
+    """Rotated Gaussian data (non-diagonal Jacobian); one probe per row, K rows per image, averaged."""
+    model, inner, y, ref, gen, d = rotated_gaussian(kind, 2)
     k = 20000 if probe == "rademacher" else 50000  # per-probe std: 0.08 / 0.5 bpd (measured)
     yy = y.repeat_interleave(k, 0)
     nll, _, _ = ode_nll_continuous(model, yy, trace="hutchinson", hutchinson=probe, generator=gen)
@@ -130,12 +136,8 @@ def test_ode_nll_hutchinson_matches_closed_form(kind, probe):
 def test_ode_nll_probes_average_along_one_trajectory():
     """K probes: still unbiased against the closed form, with about 1/K of one probe's variance;
     probes=1 draws exactly what the single-probe estimator drew."""
-    sde, mu, s, inner, gen = gaussian("vp", (3, 2, 2), s_lo=0.3, s_hi=0.6)
-    d = 12
-    q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=F64))
-    model = Rotated(inner, q)
-    y = model.rot(mu + s * torch.randn((1, 3, 2, 2), generator=gen, dtype=F64), q)
-    ref = to_bpd(inner.ode_nll(model.rot(y, q.T))[0], d)
+    model, _, y, ref, _, d = rotated_gaussian("vp", 1)
+    ref = to_bpd(ref, d)
     m = 2000
     yy = y.expand(m, -1, -1, -1)
     one = to_bpd(ode_nll_continuous(model, yy, trace="hutchinson", generator=torch.Generator().manual_seed(3))[0], d)
