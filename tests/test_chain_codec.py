@@ -77,3 +77,74 @@ def test_calibrated_reverse_variance_is_the_kl_optimum():
     b_cal = np.mean([chain_elbo_bpd(model, x[:64], dq, co, generator=g).mean().item() for _ in range(4)])
     b_post = np.mean([chain_elbo_bpd(model, x[:64], dq, plain, generator=g).mean().item() for _ in range(4)])
     assert b_cal < b_post, (b_cal, b_post)
+
+
+def _exact_gaussian_table(model, points=2001):
+    """m(lam) of the exact (Bayes) denoiser of N(mu, s^2) data: Var(eps | z) = a^2 s^2 / (a^2 s^2 + sig^2)."""
+    sde = model.sde
+    ends = sde.log_snr(torch.tensor([sde.T, sde.eps], dtype=torch.float64))
+    lam = torch.linspace(float(ends[0]), float(ends[1]), points, dtype=torch.float64)
+    snr_s2 = torch.exp(lam)[:, None] * model.s.flatten()[None] ** 2
+    return {"log_snr": lam.tolist(), "mse": (snr_s2 / (1 + snr_s2)).mean(1).tolist()}
+
+
+def test_chain_step_nats_is_the_expected_kl_of_each_step():
+    """E[-ELBO] of the calibrated chain on exact Gaussian data = decoder + sum of chain_step_nats + prior
+    (closed forms), against a Monte Carlo mean of chain_elbo_terms."""
+    from scoreflow_codec.calibration import chain_step_nats, interpolate
+    from scoreflow_codec.discrete_chain import chain_elbo_terms
+
+    model, g = gaussian_model((3, 4, 4))
+    table = _exact_gaussian_table(model)
+    for schedule in ("logsnr", "calibrated"):
+        co = chain_coeffs(model.sde, 12, schedule=schedule, eps_mse=table)
+        lam = (2 * (np.log(co.alpha) - np.log(co.sigma)))[::-1]  # increasing: noisy -> clean
+        D = model.mu.numel()
+        mu, s = model.mu.flatten().numpy(), model.s.flatten().numpy()
+        dec = 0.5 * np.log(2 * np.pi * (co.sigma[0] / co.alpha[0]) ** 2) + 0.5 * interpolate(table, lam[-1:])[0]
+        p, sT, aT = co.prior_std, co.sigma[-1], co.alpha[-1]
+        prior = np.mean(np.log(p / sT) + (sT ** 2 + aT ** 2 * (mu ** 2 + s ** 2)) / (2 * p ** 2) - 0.5)
+        predicted = D * (dec + chain_step_nats(table, lam).sum() + prior)
+        y = model.mu + model.s * torch.randn((20000,) + tuple(model.mu.shape), generator=g, dtype=torch.float64)
+        mc = chain_elbo_terms(model, y, co, generator=g)
+        assert abs(mc.mean().item() - predicted) < 4 * mc.std().item() / len(mc) ** 0.5 + 1e-3, (schedule, mc.mean().item(), predicted)
+
+
+def test_calibrated_step_grid():
+    """step_grid: exact ends, uniform in log-SNR without a table; its excess over the continuous bound
+    (exact per-step formula) is below the uniform grid's, and one small step's excess is c d^2."""
+    from scoreflow_codec.calibration import chain_step_nats, interpolate, step_grid
+
+    assert np.allclose(step_grid(None, -10.0, 14.0, 9), np.linspace(-10, 14, 9), rtol=0, atol=1e-9)
+    lam = np.linspace(-10, 14, 97)
+    table = {"log_snr": lam.tolist(), "mse": (1 / (1 + np.exp(-(lam - 4) / 1.5))).tolist()}  # images' sigmoid-like m
+
+    def excess(grid):
+        fine = np.linspace(grid[0], grid[-1], 400001)
+        return chain_step_nats(table, grid).sum() - 0.5 * np.trapezoid(interpolate(table, fine), fine)
+
+    for n in (16, 64, 128):
+        grid = step_grid(table, -10.0, 14.0, n)
+        assert len(grid) == n and grid[0] == -10.0 and grid[-1] == 14.0 and np.all(np.diff(grid) > 0)
+        assert 0 < excess(grid) < 0.8 * excess(np.linspace(-10, 14, n)), n
+    # the expansion behind the density: excess of one step of size d ~ c d^2, c = (m (1 - m) - m') / 4
+    lam = np.linspace(-10, 14, 48001)
+    table = {"log_snr": lam.tolist(), "mse": (1 / (1 + np.exp(-(lam - 4) / 1.5))).tolist()}
+    l0 = 2.0
+    m0 = float(interpolate(table, np.array([l0]))[0])
+    c = (m0 * (1 - m0) - m0 * (1 - m0) / 1.5) / 4  # m' of the sigmoid
+    for d in (0.04, 0.02):
+        assert abs(excess(np.array([l0, l0 + d])) / (c * d * d) - 1) < 0.05
+
+
+def test_calibrated_schedule_round_trip():
+    model, g = gaussian_model((3, 4, 4))
+    x = gaussian_images(model, 32, g)
+    table = _exact_gaussian_table(model, 65)
+    settings = ChainSettings(steps=32, schedule="calibrated").to_dict()
+    tc = build_tile_codec(model, UniformDequantizer(), model.sde, "chain", settings, micro_batch=8, eps_mse=table)
+    assert not np.allclose(tc.flow.co.ts, chain_coeffs(model.sde, 32, eps_mse=table).ts)
+    actual, pred, back, m = code_and_decode(tc, x, PAD)
+    assert abs(actual - pred) <= 64
+    assert np.array_equal(back, x)
+    assert np.array_equal(m.words(), padding_words(PAD))

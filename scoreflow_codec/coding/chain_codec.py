@@ -33,7 +33,10 @@ class ChainSettings:
     steps: int = 128
     lattice_bits: int = 8        # lattice of y: 2^-lattice_bits of a pixel (as in ODE mode)
     lattice_ratio: float = 4.0   # z_i lattice ~ (smallest std of z_i) / lattice_ratio
-    schedule: str = "logsnr"
+    # where the latents sit in log-SNR: "calibrated" places them by the model file's eps-MSE table
+    # (calibration.step_grid; uniform in log-SNR without one). On 8 Kodak crops it took the
+    # chain's bound from 3.653 to 3.611 bpd at 128 steps (continuous bound 3.607).
+    schedule: str = "calibrated"
     reverse_var: str = "calibrated"  # "calibrated" (the model file's eps-MSE table, if any) | "posterior"
 
     def to_dict(self) -> dict:
