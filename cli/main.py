@@ -246,7 +246,10 @@ def info(input, as_json):
     click.echo(f"format:    .sfc v{h.get('_format_version', 1)}, written by {h.get('codec', '?')}")
     click.echo(f"model:     {h['model'].get('name', '?')} (sha256 {h['model']['sha256']})")
     ms, ss = api.full_settings(h)
+    f = h["fields"]
     st = ", ".join(f"{k}={v}" for k, v in sorted(ms.items()))
+    if f["n_tiles"] == f["n_seed"]:
+        st = "unused: every tile is in the seed codec"
     click.echo(f"mode:      {h['mode']} ({st})")
     s = h["setup"]
     click.echo(f"setup:     {s.get('device')} {s.get('dtype')}, micro-batch {s.get('micro_batch')}, "
@@ -256,7 +259,6 @@ def info(input, as_json):
         click.echo(f"           {count} x {w}x{hh} {mode}")
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
-    f = h["fields"]
     click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles")
 
 

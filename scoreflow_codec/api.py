@@ -167,7 +167,9 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         "codec": __version__,
         "model": {"name": model.name, "sha256": model.sha256},
         "mode": mode,
-        "settings": _non_default(settings, FORMAT_DEFAULTS[mode]),
+        # with every tile in the seed codec (one small image) the mode's settings cannot change the
+        # decoding; leaving them out saves their bytes where the header weighs most
+        "settings": {} if fields["n_tiles"] == fields["n_seed"] else _non_default(settings, FORMAT_DEFAULTS[mode]),
         "stream": _non_default(ss.to_dict(), FORMAT_DEFAULTS["stream"]),
         "fields": fields,
         "setup": {"device": _device_class(device), "dtype": "float32", "micro_batch": micro_batch,

@@ -314,12 +314,25 @@ def test_info(good_sfc):
     r = sfcodec("info", good_sfc)
     assert_ok(r)
     out = r.stdout
+    # one 8x8 image is one tile, coded by the seed codec: the chain's settings are left out
     for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     tiny-0", "mode:      chain",
-                  f"steps={STEPS['chain']}", "images:    1", "1 x 8x8 RGB", "stream:"):
+                  "unused: every tile is in the seed codec", "images:    1", "1 x 8x8 RGB", "stream:"):
         assert words in out, (words, out)
     h = json.loads(sfcodec("info", good_sfc, "--json").stdout)
-    assert h["mode"] == "chain" and h["settings"]["steps"] == int(STEPS["chain"]) and h["images"] == [[8, 8, "RGB", 1]]
+    assert h["mode"] == "chain" and h["settings"] == {} and h["images"] == [[8, 8, "RGB", 1]]
     assert h["meta"]["0"]["name"] == "src.png" and len(h["model"]["sha256"]) == 64
+
+
+def test_info_of_a_file_the_model_coded(tmp_path, model_a):
+    src = save_png(Image.fromarray(_smooth_rgb(32, 32), "RGB"), tmp_path / "src.png")
+    out = tmp_path / "tiles.sfc"
+    assert_ok(sfcodec("compress", src, "-o", out, "--model", model_a, "--tile", "8", "--steps", STEPS["chain"], "-q"))
+    r = sfcodec("info", out)
+    assert_ok(r)
+    assert f"steps={STEPS['chain']}" in r.stdout and "schedule=calibrated" in r.stdout, r.stdout
+    h = json.loads(sfcodec("info", out, "--json").stdout)
+    assert h["fields"]["n_tiles"] == 16 and h["fields"]["n_seed"] < 16, h["fields"]
+    assert h["settings"] == {"steps": int(STEPS["chain"]), "schedule": "calibrated"}
 
 
 @pytest.mark.parametrize("mode", ["ode", "chain"])
