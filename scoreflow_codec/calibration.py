@@ -74,8 +74,10 @@ def chain_step_nats(table: dict | None, lam: np.ndarray) -> np.ndarray:
 def step_grid(table: dict | None, lam_lo: float, lam_hi: float, n: int, floor: float = STEP_FLOOR) -> np.ndarray:
     """n increasing log-SNRs from lam_lo to lam_hi (both exact), dense where the chain's excess is.
 
-    Without a table (m = 0) c is 0 everywhere and the grid is uniform in log-SNR. Only
-    interpolation, +, *, / and sqrt on float64, so every platform gets the same grid.
+    Without a table (m = 0) c is 0 everywhere and the grid is uniform in log-SNR. Encoder and
+    decoder must build the same grid: it takes only interpolation, +, *, / and sqrt on float64,
+    and is rounded to multiples of 2^-20 so that a last-bit difference in how some numpy
+    version orders those operations cannot move it.
     """
     if n < 2:
         raise ValueError("a step grid needs at least 2 points")
@@ -84,6 +86,6 @@ def step_grid(table: dict | None, lam_lo: float, lam_hi: float, n: int, floor: f
     c = np.maximum(m * (1.0 - m) - np.gradient(m, lam), 0.0) / 4.0
     dens = np.sqrt(c + floor)
     cdf = np.concatenate([[0.0], np.cumsum(0.5 * (dens[1:] + dens[:-1]) * np.diff(lam))])
-    grid = np.interp(np.linspace(0.0, 1.0, n), cdf / cdf[-1], lam)
+    grid = np.round(np.interp(np.linspace(0.0, 1.0, n), cdf / cdf[-1], lam) * 2.0 ** 20) / 2.0 ** 20
     grid[0], grid[-1] = lam_lo, lam_hi
     return grid

@@ -126,6 +126,7 @@ def test_calibrated_step_grid():
     for n in (16, 64, 128):
         grid = step_grid(table, -10.0, 14.0, n)
         assert len(grid) == n and grid[0] == -10.0 and grid[-1] == 14.0 and np.all(np.diff(grid) > 0)
+        assert np.array_equal(grid * 2.0 ** 20, np.round(grid * 2.0 ** 20))  # on the 2^-20 lattice
         assert 0 < excess(grid) < 0.8 * excess(np.linspace(-10, 14, n)), n
     # the expansion behind the density: excess of one step of size d ~ c d^2, c = (m (1 - m) - m') / 4
     lam = np.linspace(-10, 14, 48001)
