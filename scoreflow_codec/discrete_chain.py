@@ -49,13 +49,9 @@ def chain_coeffs(sde: SDE, steps: int, t_start: float | None = None, schedule: s
     """Coefficients for a chain of `steps` latents from t_start (default sde.eps) to T.
 
     eps_mse: the model's denoising-error table (calibration.py); without it the reverse steps
-    use the posterior variance. schedule: "logsnr" (uniform in log-SNR), "uniform" (in t) or
-    "calibrated" (calibration.step_grid from eps_mse; uniform in log-SNR without a table).
+    use the posterior variance. schedule: as flow_steps.time_grid ("calibrated" reads eps_mse too).
     """
-    if schedule == "calibrated" and steps >= 2:
-        ts = _calibrated_times(sde, steps, t_start, eps_mse)
-    else:
-        ts = time_grid(sde, max(steps - 1, 1), t_start=t_start, schedule="logsnr" if schedule == "calibrated" else schedule)
+    ts = time_grid(sde, max(steps - 1, 1), t_start=t_start, schedule=schedule, eps_mse=eps_mse)
     if steps == 1:
         ts = ts[:1]
     alpha, sigma = marginal_coeffs_np(sde, ts)
@@ -70,18 +66,6 @@ def chain_coeffs(sde: SDE, steps: int, t_start: float | None = None, schedule: s
     m = calibration.interpolate(eps_mse, lam_next)
     rev_std = np.sqrt(post_std ** 2 + (post_xc * sigma[1:] / alpha[1:]) ** 2 * m)
     return ChainCoeffs(ts, alpha, sigma, a, b, post_zc, post_xc, post_std, float(sde.prior_std()), rev_std)
-
-
-def _calibrated_times(sde: SDE, steps: int, t_start: float | None, eps_mse: dict | None) -> np.ndarray:
-    """Times of calibration.step_grid: steps placed where the chain's excess over the bound is."""
-    t0 = sde.eps if t_start is None else float(t_start)
-    ends = sde.log_snr(torch.tensor([t0, sde.T], dtype=torch.float64)).numpy()
-    lams = calibration.step_grid(eps_mse, float(ends[1]), float(ends[0]), steps)[::-1].copy()
-    ts = sde.t_from_log_snr(torch.from_numpy(lams)).numpy()
-    ts[0], ts[-1] = t0, sde.T
-    if not np.all(np.diff(ts) > 0):
-        raise ValueError("time grid is not strictly increasing; use fewer steps")
-    return ts
 
 
 def x_hat(eps: torch.Tensor, z: torch.Tensor, alpha: float, sigma: float) -> torch.Tensor:

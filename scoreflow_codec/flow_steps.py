@@ -17,28 +17,36 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import calibration
 from .sde import SDE
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def time_grid(sde: SDE, steps: int, t_start: float | None = None, t_end: float | None = None,
-              schedule: str = "logsnr") -> np.ndarray:
-    """K+1 increasing times from t_start (default sde.eps) to t_end (default sde.T), float64."""
+              schedule: str = "logsnr", eps_mse: dict | None = None) -> np.ndarray:
+    """K+1 increasing times from t_start (default sde.eps) to t_end (default sde.T), float64.
+
+    schedule: "logsnr" (uniform in log-SNR), "uniform" (in t) or "calibrated" (log-SNRs of
+    calibration.step_grid from the model's eps-MSE table; uniform in log-SNR without one).
+    """
     if steps < 1:
         raise ValueError("steps must be >= 1")
     t0 = sde.eps if t_start is None else float(t_start)
     t1 = sde.T if t_end is None else float(t_end)
-    if schedule == "logsnr":
+    if schedule in ("logsnr", "calibrated"):
         ends = torch.tensor([t0, t1], dtype=torch.float64)
         lam = sde.log_snr(ends)
-        lams = torch.linspace(float(lam[0]), float(lam[1]), steps + 1, dtype=torch.float64)
+        if schedule == "logsnr":
+            lams = torch.linspace(float(lam[0]), float(lam[1]), steps + 1, dtype=torch.float64)
+        else:  # step_grid runs from low to high log-SNR, the grid from t0 (high) to t1 (low)
+            lams = torch.from_numpy(calibration.step_grid(eps_mse, float(lam[1]), float(lam[0]), steps + 1)[::-1].copy())
         ts = sde.t_from_log_snr(lams).numpy()
         ts[0], ts[-1] = t0, t1  # exact end points despite round-off in the inverse
     elif schedule == "uniform":
         ts = np.linspace(t0, t1, steps + 1)
     else:
-        raise ValueError(f"unknown schedule {schedule!r} (logsnr | uniform)")
+        raise ValueError(f"unknown schedule {schedule!r} (logsnr | uniform | calibrated)")
     if not np.all(np.diff(ts) > 0):
         raise ValueError("time grid is not strictly increasing; use fewer steps")
     return ts

@@ -28,8 +28,8 @@ from .evaluator import Evaluator
 class ChainSettings:
     # latents z_1..z_T. What compress uses unless told; files record any value other than the
     # format's default (64, api.FORMAT_DEFAULTS), so changing this never changes an old file.
-    # 128: the chain's bound falls 0.08 bpd from 64 steps on CIFAR-10 and 0.05 on Kodak crops
-    # (256: another 0.04 / 0.02) for twice the time (docs/ARCHITECTURE.md).
+    # 128: with the calibrated schedule the chain's bound falls 0.055 bpd from 64 steps on
+    # CIFAR-10 and 0.018 on Kodak crops, for twice the time (docs/ARCHITECTURE.md).
     steps: int = 128
     lattice_bits: int = 8        # lattice of y: 2^-lattice_bits of a pixel (as in ODE mode)
     lattice_ratio: float = 4.0   # z_i lattice ~ (smallest std of z_i) / lattice_ratio
