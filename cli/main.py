@@ -248,7 +248,7 @@ def info(input, as_json):
     ms, ss = api.full_settings(h)
     f = h["fields"]
     st = ", ".join(f"{k}={v}" for k, v in sorted(ms.items()))
-    if f["n_tiles"] == f["n_seed"]:
+    if api.seed_only(f):
         st = "unused: every tile is in the seed codec"
     click.echo(f"mode:      {h['mode']} ({st})")
     s = h["setup"]

@@ -167,9 +167,9 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         "codec": __version__,
         "model": {"name": model.name, "sha256": model.sha256},
         "mode": mode,
-        # with every tile in the seed codec (one small image) the mode's settings cannot change the
-        # decoding; leaving them out saves their bytes where the header weighs most
-        "settings": {} if fields["n_tiles"] == fields["n_seed"] else _non_default(settings, FORMAT_DEFAULTS[mode]),
+        # a seed-only stream (one small image) leaves out the mode's settings: they cannot change
+        # its decoding, and the header weighs most on such files
+        "settings": {} if seed_only(fields) else _non_default(settings, FORMAT_DEFAULTS[mode]),
         "stream": _non_default(ss.to_dict(), FORMAT_DEFAULTS["stream"]),
         "fields": fields,
         "setup": {"device": _device_class(device), "dtype": "float32", "micro_batch": micro_batch,
@@ -185,6 +185,11 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
                             rep.predicted_bits, time.perf_counter() - t0, rep, settings)
     return data, report
+
+
+def seed_only(fields: dict) -> bool:
+    """Whether every tile of a stream (its header's "fields") is in the seed codec, none through the model."""
+    return fields["n_tiles"] == fields["n_seed"]
 
 
 def read_header(data: bytes) -> dict:

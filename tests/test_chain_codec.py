@@ -116,8 +116,12 @@ def test_calibrated_step_grid():
     from scoreflow_codec.calibration import chain_step_nats, interpolate, step_grid
 
     assert np.allclose(step_grid(None, -10.0, 14.0, 9), np.linspace(-10, 14, 9), rtol=0, atol=1e-9)
-    lam = np.linspace(-10, 14, 97)
-    table = {"log_snr": lam.tolist(), "mse": (1 / (1 + np.exp(-(lam - 4) / 1.5))).tolist()}  # images' sigmoid-like m
+
+    def sigmoid_table(points):  # m rises from 0 to 1 as for images, slope m (1 - m) / 1.5
+        lam = np.linspace(-10, 14, points)
+        return {"log_snr": lam.tolist(), "mse": (1 / (1 + np.exp(-(lam - 4) / 1.5))).tolist()}
+
+    table = sigmoid_table(97)
 
     def excess(grid):
         fine = np.linspace(grid[0], grid[-1], 400001)
@@ -129,8 +133,7 @@ def test_calibrated_step_grid():
         assert np.array_equal(grid * 2.0 ** 20, np.round(grid * 2.0 ** 20))  # on the 2^-20 lattice
         assert 0 < excess(grid) < 0.8 * excess(np.linspace(-10, 14, n)), n
     # the expansion behind the density: excess of one step of size d ~ c d^2, c = (m (1 - m) - m') / 4
-    lam = np.linspace(-10, 14, 48001)
-    table = {"log_snr": lam.tolist(), "mse": (1 / (1 + np.exp(-(lam - 4) / 1.5))).tolist()}
+    table = sigmoid_table(48001)
     l0 = 2.0
     m0 = float(interpolate(table, np.array([l0]))[0])
     c = (m0 * (1 - m0) - m0 * (1 - m0) / 1.5) / 4  # m' of the sigmoid
