@@ -75,13 +75,13 @@ def main(argv=None) -> int:
     rss_start = _peak_rss_mib()
 
     total = api.compress_work_units([src], model, args.mode, settings)
-    with tqdm(total=total, desc="encode", unit="step", file=sys.stderr, disable=args.no_progress) as bar:
+    with tqdm(total=total, desc="encode", unit="tile-step", file=sys.stderr, disable=args.no_progress) as bar:
         t0 = time.perf_counter()
         data, rep = api.compress([src], model, args.mode, settings, device=args.device, progress=bar.update)
         enc_s = time.perf_counter() - t0
     rss_enc = _peak_rss_mib()
     header = api.read_header(data)
-    with tqdm(total=api.work_units(header), desc="decode", unit="step", file=sys.stderr,
+    with tqdm(total=api.work_units(header), desc="decode", unit="tile-step", file=sys.stderr,
               disable=args.no_progress) as bar:
         t1 = time.perf_counter()
         back = api.decompress(data, model, device=args.device, progress=bar.update)

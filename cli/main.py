@@ -92,7 +92,7 @@ def _progress(total: int, desc: str, quiet: bool):
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+    with tqdm(total=total, desc=desc, unit="tile-step", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
         yield bar.update
 
 

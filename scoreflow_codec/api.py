@@ -20,7 +20,7 @@ from .coding import stream
 from .coding.chain_codec import ChainSettings
 from .coding.evaluator import deterministic_torch
 from .coding.ode_codec import ODESettings
-from .coding.pipeline import MODES, build_tile_codec
+from .coding.pipeline import MODES, build_tile_codec, steps_per_batch
 from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ FORMAT_DEFAULTS = {
     "ode": {"steps": 128, "lattice_bits": 8, "sigma_ratio": 4.0, "fp_iters": 2, "fp_max": 30,
             "fp_tol": 0.01, "fp_stall": 0.7, "schedule": "logsnr", "trace_probe": "rademacher"},
     "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated"},
-    "stream": {"tile": 32, "n_seed": None, "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None},
+    "stream": {"tile": 32, "n_seed": None, "batching": "growth", "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None},
 }
 
 
@@ -170,7 +170,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         # a seed-only stream (one small image) leaves out the mode's settings: they cannot change
         # its decoding, and the header weighs most on such files
         "settings": {} if seed_only(fields) else _non_default(settings, FORMAT_DEFAULTS[mode]),
-        "stream": _non_default(ss.to_dict(), FORMAT_DEFAULTS["stream"]),
+        # and of the stream's, all but the tile size (the tile count depends on it)
+        "stream": _non_default({"tile": ss.tile} if seed_only(fields) else ss.to_dict(), FORMAT_DEFAULTS["stream"]),
         "fields": fields,
         "setup": {"device": _device_class(device), "dtype": "float32", "micro_batch": micro_batch,
                   "torch": torch.__version__, "threads": torch.get_num_threads()},
@@ -240,7 +241,8 @@ _SETTING_RULES = {
             "fp_stall": (_NUM, 0.0, 1e6), "schedule": ("logsnr", "uniform"), "trace_probe": ("rademacher",)},
     "chain": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "lattice_ratio": (_NUM, 1e-3, 1e6),
               "schedule": ("logsnr", "uniform", "calibrated"), "reverse_var": ("calibrated", "posterior")},
-    "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "growth": (_NUM, 0, 1e6),
+    "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "batching": stream.BATCHINGS,
+               "growth": (_NUM, 0, 1e6),
                "max_batch": (_INT, 1, MAX_MICRO_BATCH * 64), "fill_std": (_NUM, 1e-3, 1e3),
                "pad_words": (_INT, 0, MAX_PAD_WORDS)},
     "setup": {"micro_batch": (_INT, 1, MAX_MICRO_BATCH), "threads": (_INT, 1, MAX_THREADS)},
@@ -389,21 +391,18 @@ def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int]
 
 
 def work_units(header: dict) -> int:
-    """Progress ticks (solver steps x batches) of decoding a file with this header."""
-    ms, st = full_settings(header)
-    steps = ms["steps"] - (1 if header["mode"] == "chain" else 0)
-    f = header["fields"]
-    return steps * len(stream.T.batch_schedule(f["n_tiles"], f["n_seed"], st["growth"], st["max_batch"]))
+    """Progress ticks (solver steps x tiles) of decoding a file with this header."""
+    ms, _ = full_settings(header)
+    return steps_per_batch(header["mode"], ms["steps"]) * header["fields"]["n_tiles"]
 
 
 def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, settings: dict | None = None,
                         stream_settings: stream.StreamSettings | None = None) -> int:
-    """Progress ticks of compressing these images."""
+    """Progress ticks (solver steps x tiles) of compressing these images."""
     settings = {**default_settings(mode), **(settings or {})}
-    codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, 1, eps_mse=_eps_mse(model))
+    ss = stream_settings or default_stream_settings(model)
     shapes = [s.color.shape if s.color is not None else (0, 0, 0) for s in sources]
-    _, _, _, batches = stream.plan(shapes, codec, stream_settings or default_stream_settings(model))
-    return codec.steps_per_batch() * len(batches)
+    return steps_per_batch(mode, settings["steps"]) * len(stream.T.plan_tiles(shapes, ss.tile))
 
 
 # --- conveniences for the bench -------------------------------------------------------------

@@ -266,7 +266,7 @@ def test_round_trip_through_the_model(image, model_a, tmp_path, mode):
     assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", mode, "--steps", STEPS[mode],
                       "--no-verify", "-q"))
     f = json.loads(sfcodec("info", sfc, "--json").stdout)["fields"]
-    assert f["n_seed"] == seed_tiles and f["n_tiles"] > seed_tiles
+    assert f["n_seed"] <= seed_tiles and f["n_tiles"] > seed_tiles  # the filler's bits suffice
     assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
     for s in srcs:
         assert_same_pixels(s, outdir / s.name)

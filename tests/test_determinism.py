@@ -113,6 +113,28 @@ def test_header_settings_are_relative_to_the_frozen_format_defaults(model, sourc
     api.check_identical([source], api.decompress(default, model))
 
 
+def test_growth_batching_files_still_decode(encoded, model, source):
+    """Files from before "bits" batching name no batching in their header: the format default is
+    the fixed growth schedule, and they decode as such. New files name "bits"."""
+    assert api.FORMAT_DEFAULTS["stream"]["batching"] == "growth" and StreamSettings().batching == "bits"
+    assert api.read_header(encoded)["stream"] == {"n_seed": 1, "batching": "bits"}
+    old, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=StreamSettings(n_seed=1, batching="growth"))
+    assert api.read_header(old)["stream"] == {"n_seed": 1}
+    api.check_identical([source], api.decompress(old, model))
+
+
+def test_progress_ticks_add_up_to_the_work_units(model):
+    """Encode and decode tick solver steps x tiles (seed tiles included), the totals the progress
+    bars are given before the batch sizes are known. Noise: two seed tiles, two through the net."""
+    noise = images.from_array(np.random.default_rng(0).integers(0, 256, (32, 128, 3)).astype(np.uint8))
+    ticks, back = [], []
+    data, rep = api.compress([noise], model, "chain", SETTINGS, progress=ticks.append)
+    assert 0 < rep.stream.n_seed < rep.stream.n_tiles == 4
+    assert sum(ticks) == api.compress_work_units([noise], model, "chain", SETTINGS) == 15 * 4
+    api.check_identical([noise], api.decompress(data, model, progress=back.append))
+    assert sum(back) == api.work_units(api.read_header(data)) == 15 * 4
+
+
 def test_encoding_is_deterministic(encoded, model, source):
     assert _compress_at_one_thread(model, source) == encoded
 

@@ -225,6 +225,7 @@ HOSTILE = [  # header values re-packed with valid CRCs: each must be refused bef
     ("stream.max_batch", 0, "max_batch"),
     ("stream.max_batch", 10 ** 9, "max_batch"),
     ("stream.growth", -1, "growth"),
+    ("stream.batching", "fixed", "batching"),
     ("stream.pad_words", 10 ** 12, "pad_words"),
     ("fields.pad_words", 10 ** 9, "pad_words"),
     ("fields.pad_stripped", 10 ** 9, "pad_stripped"),

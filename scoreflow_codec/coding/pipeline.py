@@ -51,7 +51,13 @@ class DensityTileCodec:
         return self.L + self.flow.deficit_bits_per_dim()
 
     def steps_per_batch(self) -> int:
-        return self.flow.s.steps - (1 if isinstance(self.flow, ChainCodec) else 0)
+        return steps_per_batch("chain" if isinstance(self.flow, ChainCodec) else "ode", self.flow.s.steps)
+
+
+def steps_per_batch(mode: str, steps: int) -> int:
+    """Model evaluations (progress ticks) of one batch: the chain codes steps - 1 transitions, the
+    ODE solver takes `steps` steps."""
+    return steps - (1 if mode == "chain" else 0)
 
 
 def build_tile_codec(model, dequantizer, sde, mode: str, settings: dict, micro_batch: int,

@@ -7,7 +7,20 @@ Push order on the stack (the decoder pops in reverse):
 The stack starts from `pad_words` pseudo-random words (ans.padding_words); whatever a batch pops
 beyond what is on the stack comes from them. At the end the untouched bottom of the stack equals
 a prefix of the padding and is not stored: the decoder re-prepends it, and checks at the end that
-the stack is back to exactly the padding.
+the stack is back to exactly the padding. Padding that a pop does reach is stored, and paid in
+full: it carried no information. (Pushes rewrite the padding's top one or two words, which sit in
+the ANS head, so those are always stored: 64 bits at most.)
+
+Batch sizes (`batching`). A batch pops about `need_bits` (deficit x dims, plus the latent fill
+pixels) before it pushes anything back, so a batch no larger than the bits already on the stack
+never touches the padding.
+  "bits": the encoder adds seed tiles until the stack holds one tile's need, then makes each batch
+    as large as the stack allows (up to max_batch) and pushes its size after it (uniform on
+    1..min(max_batch, tiles after the seed so far), about 5 bits a batch). The decoder pops the
+    size before the batch. This follows the bits, whatever the image: on a smooth image (sky)
+    the seed codes at well under the 4.5 bits/dim a fixed count assumes.
+  "growth": sizes floor(growth x tiles so far) and ceil(deficit / SEED_RATE_GUESS) seed tiles,
+    fixed by the tile count alone (the first schedule; files that name no batching use it).
 """
 from __future__ import annotations
 
@@ -18,11 +31,14 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import BadFileError
+from . import distributions as dist
 from . import tiles as T
 from .ans import Message, common_prefix_len, padding_words
 from .seed_codec import seed_bits, seed_codec
 
-SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed
+SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
+BATCHINGS = ("bits", "growth")
+FILL_BITS = math.log2(2 * T.FILL_WINDOW + 1)  # at most, per latent fill pixel
 
 
 class TileModelCodec(Protocol):
@@ -41,7 +57,8 @@ class TileModelCodec(Protocol):
 class StreamSettings:
     tile: int = 32
     n_seed: int | None = None    # None: enough seed tiles to cover the first batch's deficit
-    growth: float = 0.25
+    batching: str = "bits"       # "bits" or "growth" (module docstring)
+    growth: float = 0.25         # "growth" batching only
     max_batch: int = 32
     fill_std: float = 1.5
     pad_words: int | None = None  # None: sized from the deficit of the largest batch
@@ -69,34 +86,43 @@ class StreamReport:
     n_tiles: int = 0
     n_seed: int = 0
     batches: list[tuple[int, int]] = field(default_factory=list)
+    room_bits: list[int] = field(default_factory=list)  # bits on the stack above the padding before each batch
     pad_words: int = 0
     pad_consumed_bits: int = 0
     predicted_bits: float = 0.0   # sum of the codelengths the coders predict (net of bits back)
     extra_bits: float = 0.0
     seed_bits: float = 0.0
     model_bits: float = 0.0       # net predicted bits of the bits-back batches
+    signal_bits: float = 0.0      # the batch sizes ("bits" batching)
     payload_bits: int = 0
 
 
-def resolve(settings: StreamSettings, codec: TileModelCodec, n_tiles: int) -> tuple[int, int]:
-    """(n_seed, pad_words) for this stream."""
+def resolve(settings: StreamSettings, codec: TileModelCodec, n_tiles: int) -> tuple[int | None, int]:
+    """(n_seed, pad_words) for this stream; n_seed None: the encoder counts them by bits."""
     dims = T.MODEL_CHANNELS * settings.tile ** 2
-    deficit = codec.deficit_bits_per_dim() + math.log2(2 * T.FILL_WINDOW + 1)
+    deficit = codec.deficit_bits_per_dim() + FILL_BITS
     n_seed = settings.n_seed
-    if n_seed is None:
+    if n_seed is None and settings.batching == "growth":
         n_seed = math.ceil(deficit / SEED_RATE_GUESS)
-    n_seed = min(n_seed, n_tiles)
+    if n_seed is not None:
+        n_seed = min(n_seed, n_tiles)
     pad = settings.pad_words
     if pad is None:
         pad = math.ceil(deficit * dims * settings.max_batch / 32) + 64
     return n_seed, pad
 
 
-def plan(color_shapes: list[tuple[int, int, int]], codec: TileModelCodec, settings: StreamSettings):
-    """(tiles, n_seed, pad_words, batches) of a stream."""
-    refs = T.plan_tiles(color_shapes, settings.tile)
-    n_seed, pad_n = resolve(settings, codec, len(refs))
-    return refs, n_seed, pad_n, T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch)
+def need_bits(refs: list[T.TileRef], channels: list[int], size: int, deficit: float) -> float:
+    """Bits a batch of these tiles may pop before it pushes any back: the model's deficit on every
+    dim and at most FILL_BITS on each latent fill pixel (edge padding, a gray tile's colour planes)."""
+    dims = T.MODEL_CHANNELS * size * size
+    fill = sum(dims - c * r.h * r.w for r, c in zip(refs, channels))
+    return deficit * dims * len(refs) + FILL_BITS * fill
+
+
+def size_codec(max_batch: int, n_seed: int, end: int):
+    """The signalled size b - 1 of the batch that ends at tile `end` ("bits" batching)."""
+    return dist.uniform(min(max_batch, end - n_seed), 1)
 
 
 class TileBatchCodec:
@@ -131,38 +157,76 @@ class TileBatchCodec:
         return knowns
 
 
+def _ticks(progress, n: int):
+    """The codec's progress (one tick per solver step of a batch) in tile-steps."""
+    return None if progress is None else (lambda k: progress(k * n))
+
+
 def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSettings,
            progress: Callable[[int], None] | None = None, track: bool = False) -> tuple[np.ndarray, dict, StreamReport]:
     """Returns (payload words, header fields needed to decode, report)."""
-    refs, n_seed, pad_n, batches = plan([im.color_shape for im in images], codec, settings)
-    rep = StreamReport(n_tiles=len(refs), n_seed=n_seed, batches=batches, pad_words=pad_n)
+    if settings.batching not in BATCHINGS:
+        raise ValueError(f"unknown batching {settings.batching!r}")
+    refs = T.plan_tiles([im.color_shape for im in images], settings.tile)
+    chans = [images[r.image].color.shape[0] for r in refs]
+    n = len(refs)
+    n_seed, pad_n = resolve(settings, codec, n)
+    rep = StreamReport(n_tiles=n, pad_words=pad_n)
     pad = padding_words(pad_n)
     m = Message(pad)
+    base = m.num_bits()
+    deficit = codec.deficit_bits_per_dim()
+
+    def need(s: int, e: int) -> float:
+        return need_bits(refs[s:e], chans[s:e], settings.tile, deficit)
+
+    def on_stack() -> int:
+        return m.num_bits() - base
 
     for im in images:
         if im.extra is not None:
             seed_codec(im.extra.shape).push(m, im.extra)
             rep.extra_bits += seed_bits(im.extra)
-    for r in refs[:n_seed]:
-        blk = T.known_block(images[r.image].color, r)
+    i = 0
+    while i < n and (i < n_seed if n_seed is not None else need(i, i + 1) > on_stack()):
+        blk = T.known_block(images[refs[i].image].color, refs[i])
         seed_codec(blk.shape).push(m, blk)
         rep.seed_bits += seed_bits(blk)
+        i += 1
+    rep.n_seed = n_seed = i
+    if progress is not None:
+        progress(codec.steps_per_batch() * n_seed)
     bbc = TileBatchCodec(codec, settings)
     codec.bits_log = [] if track else None
-    for s, e in batches:
-        fill_bits = bbc.push(m, [T.known_block(images[r.image].color, r) for r in refs[s:e]], progress)
-        rep.model_bits += fill_bits
+    fixed = T.batch_schedule(n, n_seed, settings.growth, settings.max_batch) if settings.batching == "growth" else None
+    s = n_seed
+    while s < n:
+        room = on_stack()
+        if fixed is not None:
+            e = fixed[len(rep.batches)][1]
+        else:
+            e = s + 1
+            while e < min(n, s + settings.max_batch) and need(s, e + 1) <= room:
+                e += 1
+        rep.model_bits += bbc.push(m, [T.known_block(images[r.image].color, r) for r in refs[s:e]],
+                                   _ticks(progress, e - s))
+        if fixed is None:
+            size_codec(settings.max_batch, n_seed, e).push(m, np.array([e - s - 1]))
+            rep.signal_bits += math.log2(min(settings.max_batch, e - n_seed))
+        rep.batches.append((s, e))
+        rep.room_bits.append(room)
+        s = e
     if track:
         rep.model_bits += float(sum(codec.bits_log))
     codec.bits_log = None
-    rep.predicted_bits = rep.extra_bits + rep.seed_bits + rep.model_bits
+    rep.predicted_bits = rep.extra_bits + rep.seed_bits + rep.model_bits + rep.signal_bits
 
     words = m.words()
     n_strip = common_prefix_len(words, pad)
     payload = words[n_strip:]
     rep.pad_consumed_bits = 32 * (pad_n - n_strip)
     rep.payload_bits = 32 * len(payload)
-    fields = {"n_seed": n_seed, "pad_words": pad_n, "pad_stripped": n_strip, "n_tiles": len(refs)}
+    fields = {"n_seed": n_seed, "pad_words": pad_n, "pad_stripped": n_strip, "n_tiles": n}
     return payload, fields, rep
 
 
@@ -174,23 +238,34 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
     n_strip = int(fields["pad_stripped"])
     if len(refs) != int(fields["n_tiles"]) or not (0 <= n_seed <= len(refs)) or not (0 <= n_strip <= pad_n):
         raise BadFileError("corrupt header: tile counts do not match the image sizes")
+    if settings.batching not in BATCHINGS:
+        raise BadFileError(f"corrupt header: unknown batching {settings.batching!r}")
     pad = padding_words(pad_n)
     words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
     if len(words) == 0 or words[-1] == 0:
         raise BadFileError("corrupt payload: not a valid ANS stack")
     m = Message(words)
-    batches = T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch)
+    fixed = T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch) \
+        if settings.batching == "growth" else None
     colors = [np.zeros(s[0], dtype=np.uint8) if s[0][0] else None for s in shapes]
     bbc = TileBatchCodec(codec, settings)
-    for s, e in reversed(batches):
+    e = len(refs)
+    while e > n_seed:
+        if fixed is not None:
+            s = fixed.pop()[0]
+        else:
+            s = e - 1 - int(size_codec(settings.max_batch, n_seed, e).pop(m)[0])
         chans = [shapes[r.image][0][0] for r in refs[s:e]]
-        knowns = bbc.pop(m, refs[s:e], chans, progress)
+        knowns = bbc.pop(m, refs[s:e], chans, _ticks(progress, e - s))
         for r, k in zip(refs[s:e], knowns):
             colors[r.image][:, r.y0:r.y0 + r.h, r.x0:r.x0 + r.w] = k
+        e = s
     for r in reversed(refs[:n_seed]):
         c = shapes[r.image][0][0]
         blk = seed_codec((c, r.h, r.w)).pop(m)
         colors[r.image][:, r.y0:r.y0 + r.h, r.x0:r.x0 + r.w] = blk
+    if progress is not None:
+        progress(codec.steps_per_batch() * n_seed)
     extras: list[np.ndarray | None] = [None] * len(shapes)
     for i in reversed(range(len(shapes))):
         if shapes[i][1] is not None:

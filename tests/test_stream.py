@@ -1,0 +1,143 @@
+"""The stream (coding/stream.py): seed tiles, batch sizes and the padding, with a fake tile codec
+whose deficit and rates are known exactly, so that every bit on the stack can be accounted for."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scoreflow_codec.coding import distributions as dist
+from scoreflow_codec.coding import stream
+from scoreflow_codec.coding import tiles as T
+from scoreflow_codec.coding.ans import Message
+from scoreflow_codec.coding.stream import StreamImage, StreamSettings
+
+DEFICIT = 6  # bits per dim the fake codec pops before it pushes
+
+
+class FakeBitsBackCodec:
+    """Bits-back with a latent z uniform on 2^DEFICIT per dim, independent of x: pop z, push x with a
+    fixed Laplace-like categorical around 128, push z. Net cost: -log2 p(x); deficit: DEFICIT bits/dim."""
+
+    bits_log = None
+    probs = np.exp(-np.abs(np.arange(256) - 128) / 3.0)
+
+    def __init__(self):
+        self.net_bits = 0.0  # of every tile pushed: exactly -log2 p(x) (the z pop and push cancel)
+
+    def _x(self, n):
+        return dist.categorical(np.broadcast_to(self.probs, (n, 256)))
+
+    def push(self, m: Message, tiles: np.ndarray, progress=None) -> None:
+        n = tiles.size
+        z = dist.uniform(1 << DEFICIT, n).pop(m)
+        self._x(n).push(m, tiles.reshape(-1))
+        self.net_bits += float(dist.categorical_bits(tiles.reshape(-1), np.broadcast_to(self.probs, (n, 256))).sum())
+        dist.uniform(1 << DEFICIT, n).push(m, z)
+        if progress:
+            progress(1)
+
+    def pop(self, m: Message, shape: tuple, progress=None) -> np.ndarray:
+        n = int(np.prod(shape))
+        z = dist.uniform(1 << DEFICIT, n).pop(m)
+        x = self._x(n).pop(m)
+        dist.uniform(1 << DEFICIT, n).push(m, z)
+        if progress:
+            progress(1)
+        return x.reshape(shape)
+
+    def deficit_bits_per_dim(self) -> float:
+        return DEFICIT
+
+    def steps_per_batch(self) -> int:
+        return 1
+
+
+
+def _images(seed=0):
+    """A flat image first (the seed codec codes it in far fewer bits than a fixed count assumes),
+    then a noisy one, a gray one with odd edges, and an RGB one with alpha."""
+    rng = np.random.default_rng(seed)
+    flat = np.full((3, 32, 64), 128, np.uint8)
+    flat[:, :, 32:] += rng.integers(0, 2, (3, 32, 32)).astype(np.uint8)
+    noisy = (128 + rng.integers(-6, 7, (3, 40, 48))).astype(np.uint8)
+    gray = (128 + rng.integers(-3, 4, (1, 21, 30))).astype(np.uint8)
+    rgba = (128 + rng.integers(-4, 5, (3, 16, 24))).astype(np.uint8)
+    alpha = np.full((1, 16, 24), 255, np.uint8)
+    alpha[0, 5:9, 3:20] = 0
+    return [StreamImage(flat, None), StreamImage(noisy, None), StreamImage(gray, None), StreamImage(rgba, alpha)]
+
+
+def _round_trip(images, settings, codec=None):
+    codec = codec or FakeBitsBackCodec()
+    payload, fields, rep = stream.encode(images, codec, settings)
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in images]
+    back = stream.decode(payload, fields, shapes, codec, settings)
+    for a, b in zip(images, back):
+        assert np.array_equal(a.color, b.color) and (a.extra is None or np.array_equal(a.extra, b.extra))
+    return payload, fields, rep
+
+
+def test_bits_batching_never_reaches_the_padding_where_growth_does():
+    """On a flat first image the fixed seed count leaves the first batches short of bits: they pop
+    padding, which the file then stores. Batches sized by the bits on the stack pop none of it."""
+    imgs = _images()
+    _, _, growth = _round_trip(imgs, StreamSettings(tile=8, batching="growth"))
+    _, fields, bits = _round_trip(imgs, StreamSettings(tile=8, batching="bits"))
+    # <= 64: pushes rewrite the padding's top word or two (the ANS head), pops never go below
+    assert growth.pad_consumed_bits > 320
+    assert bits.pad_consumed_bits <= 64 and fields["pad_stripped"] >= fields["pad_words"] - 2
+    assert bits.payload_bits < growth.payload_bits
+
+
+@pytest.mark.parametrize("batching", stream.BATCHINGS)
+def test_real_size_is_the_predicted_codelength(batching):
+    """Payload = extra + seed + model net + signalled sizes (+ padding popped, + the ANS head)."""
+    imgs = _images(1)
+    codec = FakeBitsBackCodec()
+    _, _, rep = stream.encode(imgs, codec, StreamSettings(tile=8, batching=batching))
+    # rep.model_bits holds what the latent fill pixels give back (without `track`, no model log)
+    predicted = rep.extra_bits + rep.seed_bits + codec.net_bits + rep.model_bits + rep.signal_bits
+    assert (batching == "bits") == (rep.signal_bits > 0)
+    assert rep.pad_consumed_bits <= 64 or batching == "growth"
+    assert abs(rep.payload_bits - rep.pad_consumed_bits - predicted) < 64 + 1e-4 * predicted, \
+        (rep.payload_bits, rep.pad_consumed_bits, predicted)
+
+
+def test_batch_sizes_follow_the_bits_on_the_stack():
+    """Each batch is the largest (up to max_batch) whose need fits on the stack, and at least one
+    tile; the seed ends as soon as the stack holds the first batch's need."""
+    imgs = _images(2)
+    st = StreamSettings(tile=8, batching="bits", max_batch=5)
+    _, _, rep = _round_trip(imgs, st)
+    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
+    chans = [imgs[r.image].color.shape[0] for r in refs]
+
+    def need(s, e):
+        return stream.need_bits(refs[s:e], chans[s:e], 8, DEFICIT)
+
+    seed_room = rep.extra_bits + rep.seed_bits
+    assert rep.n_seed >= 1 and need(rep.n_seed, rep.n_seed + 1) <= seed_room + 64
+    assert rep.batches[0][0] == rep.n_seed and rep.batches[-1][1] == len(refs)
+    assert max(e - s for s, e in rep.batches) == 5
+    for (s, e), room in zip(rep.batches, rep.room_bits):
+        assert e - s == 1 or need(s, e) <= room
+        assert e == len(refs) or e - s == 5 or need(s, e + 1) > room
+
+
+def test_sizes_cost_what_they_say():
+    """The signalled size of the batch ending at tile e is uniform on min(max_batch, e - n_seed)."""
+    imgs = _images(3)
+    _, _, rep = _round_trip(imgs, StreamSettings(tile=8, batching="bits", max_batch=4))
+    assert rep.signal_bits == pytest.approx(sum(math.log2(min(4, e - rep.n_seed)) for _, e in rep.batches))
+
+
+def test_fixed_seed_count_is_kept():
+    _, fields, rep = _round_trip(_images(4), StreamSettings(tile=8, batching="bits", n_seed=2))
+    assert fields["n_seed"] == rep.n_seed == 2
+
+
+def test_unknown_batching_is_refused():
+    with pytest.raises(ValueError, match="batching"):
+        stream.encode(_images(), FakeBitsBackCodec(), StreamSettings(tile=8, batching="fixed"))
