@@ -259,7 +259,8 @@ def info(input, as_json):
         click.echo(f"           {count} x {w}x{hh} {mode}")
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
-    click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles")
+    batching = "" if api.seed_only(f) else f", batching={ss['batching']}"
+    click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles{batching}")
 
 
 @cli.command()

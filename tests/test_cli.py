@@ -330,6 +330,7 @@ def test_info_of_a_file_the_model_coded(tmp_path, model_a):
     r = sfcodec("info", out)
     assert_ok(r)
     assert f"steps={STEPS['chain']}" in r.stdout and "schedule=calibrated" in r.stdout, r.stdout
+    assert "batching=bits" in r.stdout, r.stdout
     h = json.loads(sfcodec("info", out, "--json").stdout)
     assert h["fields"]["n_tiles"] == 16 and h["fields"]["n_seed"] < 16, h["fields"]
     assert h["settings"] == {"steps": int(STEPS["chain"]), "schedule": "calibrated"}
