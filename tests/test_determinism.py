@@ -135,6 +135,21 @@ def test_progress_ticks_add_up_to_the_work_units(model):
     assert sum(back) == api.work_units(api.read_header(data)) == 15 * 4
 
 
+@pytest.mark.parametrize("mode", ["chain", "ode"])
+def test_real_codecs_pop_no_padding(model, mode):
+    """The pipelines' deficit_bits_per_dim bounds what a batch pops before it pushes: with "bits"
+    batching a flat image (its seed tiles cost almost nothing) followed by noise reaches no
+    padding (<= 64 bits: the ANS head's words), where the fixed schedule pops a lot of it."""
+    arr = np.random.default_rng(1).integers(0, 256, (32, 320, 3)).astype(np.uint8)
+    arr[:, :160] = 90
+    src = images.from_array(arr)
+    st = {"steps": 4} if mode == "ode" else SETTINGS
+    _, bits = api.compress([src], model, mode, st)
+    _, growth = api.compress([src], model, mode, st, stream_settings=StreamSettings(batching="growth"))
+    assert bits.stream.pad_consumed_bits <= 64 < 4096 < growth.stream.pad_consumed_bits
+    assert bits.stream.n_seed < bits.stream.n_tiles == 10
+
+
 def test_encoding_is_deterministic(encoded, model, source):
     assert _compress_at_one_thread(model, source) == encoded
 
