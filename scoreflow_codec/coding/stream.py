@@ -120,9 +120,14 @@ def need_bits(refs: list[T.TileRef], channels: list[int], size: int, deficit: fl
     return deficit * dims * len(refs) + FILL_BITS * fill
 
 
+def size_choices(max_batch: int, n_seed: int, end: int) -> int:
+    """How many sizes the batch that ends at tile `end` can have ("bits" batching): 1..this."""
+    return min(max_batch, end - n_seed)
+
+
 def size_codec(max_batch: int, n_seed: int, end: int):
-    """The signalled size b - 1 of the batch that ends at tile `end` ("bits" batching)."""
-    return dist.uniform(min(max_batch, end - n_seed), 1)
+    """The signalled size b - 1 of the batch that ends at tile `end`, uniform over its choices."""
+    return dist.uniform(size_choices(max_batch, n_seed, end), 1)
 
 
 class TileBatchCodec:
@@ -212,7 +217,7 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
                                    _ticks(progress, e - s))
         if fixed is None:
             size_codec(settings.max_batch, n_seed, e).push(m, np.array([e - s - 1]))
-            rep.signal_bits += math.log2(min(settings.max_batch, e - n_seed))
+            rep.signal_bits += math.log2(size_choices(settings.max_batch, n_seed, e))
         rep.batches.append((s, e))
         rep.room_bits.append(room)
         s = e
