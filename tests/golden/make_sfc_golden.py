@@ -1,0 +1,55 @@
+"""Make the golden .sfc files that tests/test_golden_files.py decodes: files written by a released
+model and codec, which every later version must still decode to the same pixels.
+
+Run once per new shipped model (python tests/golden/make_sfc_golden.py NAME), never to "fix" a
+failing golden test: a failure there means old files no longer decode.
+
+The images are synthetic (no data-set pixels in the repo): smooth colour fields plus a
+deterministic integer-hash texture, so that the seed codec fills the stack quickly and later tiles
+go through the model.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (zoo model, [(width, height)], extra sfcodec arguments)
+CASES = {
+    "photo-1": ("photo", [(192, 128)], []),
+    "cifar10-1": ("cifar10", [(32, 32)] * 6, []),
+}
+
+
+def synthetic(width: int, height: int, k: int) -> np.ndarray:
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.int64)
+    out = np.empty((height, width, 3), np.uint8)
+    for c in range(3):
+        field = (xx * (3 + c + k) + yy * (5 - c) + 40 * c + 17 * k) % 256
+        h = (xx * 73856093 ^ yy * 19349663 ^ (c + 7 * k) * 83492791) & 0xFFFF
+        noise = (h % 13) - 6
+        smooth = (field // 2 + 64 + (((xx // 8 + yy // 8 + c) % 3) * 20))
+        out[..., c] = np.clip(smooth + noise, 0, 255).astype(np.uint8)
+    return out
+
+
+def make(name: str) -> None:
+    model, sizes, extra = CASES[name]
+    pngs = []
+    for k, (w, h) in enumerate(sizes):
+        p = HERE / f"{name}-{k}.png"
+        Image.fromarray(synthetic(w, h, k)).save(p)
+        pngs.append(str(p))
+    sfc = HERE / f"{name}.sfc"
+    subprocess.run(["sfcodec", "compress", *pngs, "-o", str(sfc), "--model", model, "--force", *extra],
+                   check=True)
+
+
+if __name__ == "__main__":
+    for n in sys.argv[1:] or list(CASES):
+        make(n)
