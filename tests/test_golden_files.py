@@ -18,7 +18,7 @@ FILES = sorted(GOLDEN.glob("*.sfc"))
 
 
 def test_golden_files_exist():
-    assert {p.stem for p in FILES} >= {"photo-1", "cifar10-1"}
+    assert {p.stem for p in FILES} >= {"photo-1", "photo-2", "cifar10-1"}
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])

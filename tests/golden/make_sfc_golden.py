@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (zoo model, [(width, height)], extra sfcodec arguments)
 CASES = {
-    "photo-1": ("photo", [(192, 128)], []),
+    "photo-1": ("photo-1", [(192, 128)], []),  # written 2026-11-24 while photo-1 was the zoo's photo
+    "photo-2": ("photo", [(192, 128)], []),
     "cifar10-1": ("cifar10", [(32, 32)] * 6, []),
 }
 
