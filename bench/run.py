@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's). On a busy machine 1 is far faster than "
                         "oversubscribed cores, whose spin-waiting threads can slow torch 100-fold")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="scoreflow: code and evaluate the images in this many worker processes, each "
+                        "with --threads torch threads (default 1 there); e.g. --jobs 2 on two cores")
     p.add_argument("--eval-n-t", type=int, default=1000, help="time samples for the bound")
     p.add_argument("--eval-rtol", type=float, default=1e-5, help="rtol = atol of the ODE NLL solver")
     p.add_argument("--no-nll", action="store_true", help="skip the ODE NLL (the slowest column)")
@@ -59,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give SET_OR_PATH ... or --quick (not both)")
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     try:
         args.classical, args.scoreflow = parse_codecs(args.codecs)
         args.sf_settings = dict(_key_value(s) for s in args.setting)
@@ -103,7 +108,7 @@ def _key_value(s: str) -> tuple[str, object]:
     return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
-def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args) -> dict:
+def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args, model_ref: str | None = None) -> dict:
     sf_label = f"model={args.model} mode={args.mode} device={args.device}"
     total = len(imgset) * (len(codecs) + (model is not None))
     bar = _progress(total, imgset.name)
@@ -119,7 +124,8 @@ def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args) -> 
     if model is not None:
         sf = scoreflow_runner.run(imgset.images, imgset.names, model, args.mode, args.device,
                                   args.sf_settings, progress=bar, eval_options=args.sf_eval,
-                                  stream=not args.no_stream)
+                                  stream=not args.no_stream, jobs=args.jobs, model_ref=model_ref,
+                                  threads=args.threads)
         for img, r in zip(imgset.images, sf["per_image"]):
             h, w, c = img.shape
             rows.append({"height": h, "width": w, "channels": c, "codec": "scoreflow",
@@ -134,6 +140,7 @@ def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args) -> 
                      "classical": {c.name: c.settings for c in codecs},
                      "scoreflow": sf_label if model is not None else None,
                      "scoreflow_settings": args.sf_settings,
+                     "jobs": args.jobs, "threads": args.threads,
                      "bpd": "8 * bytes / (H * W * C), C = the input image's channels",
                      "timing": "wall clock per call (time.perf_counter), encoders "
                                "single-threaded where the library allows; includes no I/O"},
@@ -178,11 +185,12 @@ def main(argv=None) -> int:
                 f"{k}: {v}" for k, v in skipped.items()))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for imgset in sets:
-            set_model = model
+            set_model, model_ref = model, args.model
             if args.scoreflow and model is None:  # auto: as the CLI picks, by the set's image sizes
                 sizes = [(im.shape[1], im.shape[0]) for im in imgset.images]
-                set_model = scoreflow_runner.load_model("auto", args.device, sizes)
-            result = bench_set(imgset, codecs, skipped, set_model, args)
+                model_ref = scoreflow_runner.resolve_model("auto", sizes)
+                set_model = scoreflow_runner.load_model(model_ref, args.device)
+            result = bench_set(imgset, codecs, skipped, set_model, args, model_ref)
             safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", imgset.name)
             outdir = _fresh_dir(args.out / f"{stamp}_{safe_name}")
             report.write(result, outdir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -37,20 +38,27 @@ def check_available() -> None:
     _import_api()
 
 
-def load_model(name_or_path: str | None, device: str, sizes: list[tuple[int, int]] | None = None):
-    """A zoo name or a file; "auto" (or nothing): the model `sfcodec compress` picks for images of
-    these (width, height) sizes, else the shipped default."""
+def resolve_model(name_or_path: str | None, sizes: list[tuple[int, int]] | None = None) -> str:
+    """A zoo name or a file, as given; "auto" (or nothing): the model `sfcodec compress` picks for
+    images of these (width, height) sizes, else the shipped default."""
     _, zoo = _import_api()
+    from scoreflow_codec.errors import ModelError
     if (not name_or_path or name_or_path == "auto") and sizes:
-        from scoreflow_codec.errors import ModelError
         try:
-            name_or_path = zoo.auto_model_name(sizes)
+            return zoo.auto_model_name(sizes)
         except ModelError as e:
             raise ScoreflowError(str(e)) from None
     if not name_or_path or name_or_path == "auto":
         name_or_path = zoo.default_model()
         if name_or_path is None:
             raise ScoreflowError("no model ships with this installation: pass --model PATH")
+    return name_or_path
+
+
+def load_model(name_or_path: str | None, device: str, sizes: list[tuple[int, int]] | None = None):
+    """The model `resolve_model` names, loaded."""
+    _, zoo = _import_api()
+    name_or_path = resolve_model(name_or_path, sizes)
     from scoreflow_codec.errors import ModelError
     try:
         return zoo.load_model(name_or_path, device=device)
@@ -69,15 +77,24 @@ def model_info(model, name_or_path: str) -> dict:
 def run(images: list[np.ndarray], names: list[str], model, mode: str, device: str,
         settings: dict[str, Any] | None = None,
         progress: Callable[[int], None] | None = None, eval_options: dict | None = None,
-        stream: bool = True) -> dict:
+        stream: bool = True, jobs: int = 1, model_ref: str | None = None, threads: int | None = None) -> dict:
     """Bound / NLL / actual single-file / actual stream numbers for ``images``.
 
     Returns {"per_image": [row per image], "stream": {...} or None when ``stream`` is False}.
     Every file is decoded and compared to its input; a failure is recorded in the row, never
-    hidden.
+    hidden. jobs > 1: the per-image rows come from that many worker processes, each loading
+    ``model_ref`` (a zoo name or a file) with ``threads`` torch threads (default 1); the whole-set
+    stream is coded here afterwards. The files are the same bytes as with jobs=1 (coding is
+    deterministic); the bound and NLL draw their time samples per chunk of images, so they differ
+    within their noise.
     """
     api, _ = _import_api()
     settings = settings or {}
+    if jobs > 1 and len(images) > 1:
+        rows = _run_parallel(images, names, model_ref, mode, device, settings, progress,
+                             eval_options, jobs, threads)
+        return {"per_image": rows,
+                "stream": _code(images, api, model, mode, device, settings) if stream else None}
     evals = api.evaluate_images(images, model, device=device, bound=True, **{"ode": True, **(eval_options or {})})
     if len(evals) != len(images):
         raise ScoreflowError(f"evaluate_images returned {len(evals)} rows for {len(images)} images")
@@ -92,6 +109,48 @@ def run(images: list[np.ndarray], names: list[str], model, mode: str, device: st
             progress(1)
     return {"per_image": rows,
             "stream": _code(images, api, model, mode, device, settings) if stream else None}
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(model_ref: str, device: str, threads: int | None) -> None:
+    import torch
+
+    torch.set_num_threads(threads or 1)
+    _WORKER["model"] = load_model(model_ref, device)
+
+
+def _worker_rows(images, names, mode, device, settings, eval_options) -> list[dict]:
+    return run(images, names, _WORKER["model"], mode, device, settings, eval_options=eval_options,
+               stream=False)["per_image"]
+
+
+def _run_parallel(images, names, model_ref, mode, device, settings, progress, eval_options,
+                  jobs: int, threads: int | None) -> list[dict]:
+    """The per-image rows in ``jobs`` spawned processes, chunk by chunk, in the images' order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if model_ref is None:
+        raise ScoreflowError("parallel jobs need the model's name or file")
+    k = max(1, math.ceil(len(images) / (4 * jobs)))  # a few chunks per worker keep them all busy
+    chunks = [slice(i, i + k) for i in range(0, len(images), k)]
+    rows: list[dict] = []
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init, initargs=(model_ref, device, threads)) as pool:
+            futures = [pool.submit(_worker_rows, images[c], names[c], mode, device, settings, eval_options)
+                       for c in chunks]
+            for c, f in zip(chunks, futures):
+                rows += f.result()
+                if progress:
+                    progress(len(images[c]))
+    except BrokenProcessPool as e:
+        raise ScoreflowError(f"a benchmark worker process died ({e}); run with --jobs 1 to see why") from None
+    return rows
 
 
 def _code(images, api, model, mode, device, settings) -> dict:
