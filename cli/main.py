@@ -106,7 +106,7 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
 
 def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool):
     """api.compress with the CLI's options (steps, tile) and an encode progress bar -> (data, report)."""
-    from scoreflow_codec import api
+    from scoreflow_codec import api, zoo
 
     settings = {"steps": steps} if steps else None
     ss = api.default_stream_settings(m, tile)
@@ -233,7 +233,7 @@ def decompress(input, output, model, device, force, quiet):
 @click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
 def info(input, as_json):
     """Show what a .sfc file holds (without decoding it)."""
-    from scoreflow_codec import api
+    from scoreflow_codec import api, zoo
 
     data = _read_sfc(input)
     h = api.read_header(data)
@@ -244,7 +244,10 @@ def info(input, as_json):
     dims = sum(r[0] * r[1] * {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[r[2]] * r[3] for r in h["images"])
     click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
     click.echo(f"format:    .sfc v{h.get('_format_version', 1)}, written by {h.get('codec', '?')}")
-    click.echo(f"model:     {h['model'].get('name', '?')} (sha256 {h['model']['sha256']})")
+    made, now = h["model"].get("name", "?"), zoo.shipped_name(h["model"]["sha256"])
+    where = ("not shipped with this installation" if now is None else
+             "shipped" if now == made else f"shipped, now named {now}")
+    click.echo(f"model:     {made} (sha256 {h['model']['sha256']}; {where})")
     ms, ss = api.full_settings(h)
     f = h["fields"]
     st = ", ".join(f"{k}={v}" for k, v in sorted(ms.items()))
@@ -314,7 +317,7 @@ def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, probes, seed
 
     INPUTS are image files or .npz files of uint8 images (key "images").
     """
-    from scoreflow_codec import api
+    from scoreflow_codec import api, zoo
 
     arrays, names = api.load_eval_inputs(inputs, limit)
     m = _load_model(model, device, [(a.shape[1], a.shape[0]) for a in arrays])

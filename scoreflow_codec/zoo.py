@@ -79,12 +79,20 @@ def auto_model_name(sizes: list[tuple[int, int]]) -> str:
     raise ModelError("no model ships with this installation; pass --model PATH to an exported model")
 
 
+def shipped_name(sha256: str | None) -> str | None:
+    """The zoo name of the shipped model with this sha256, or None. Names move (a newer model takes
+    `photo`), the sha256 in a file's header does not."""
+    for name, entry in _index()["models"].items():
+        if entry.get("sha256") == sha256:
+            return name
+    return None
+
+
 def model_for_header(header: dict, device: str = "cpu") -> LoadedModel:
-    """The shipped model a .sfc file names (by name, then by sha256)."""
+    """The shipped model a .sfc file was made with, found by the sha256 in its header."""
     want = header.get("model", {})
-    index = _index()
-    for name, entry in index["models"].items():
-        if entry.get("sha256") == want.get("sha256"):
-            return load_model(name, device)
+    name = shipped_name(want.get("sha256"))
+    if name is not None:
+        return load_model(name, device)
     raise ModelError(f"the file was made with model {want.get('name', '?')} (sha256 {str(want.get('sha256'))[:12]}...), "
                      "which does not ship with this installation; pass --model PATH to that model file")

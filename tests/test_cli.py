@@ -315,7 +315,7 @@ def test_info(good_sfc):
     assert_ok(r)
     out = r.stdout
     # one 8x8 image is one tile, coded by the seed codec: the chain's settings are left out
-    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     tiny-0", "mode:      chain",
+    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     tiny-0", "not shipped with this installation", "mode:      chain",
                   "unused: every tile is in the seed codec", "images:    1", "1 x 8x8 RGB", "stream:"):
         assert words in out, (words, out)
     h = json.loads(sfcodec("info", good_sfc, "--json").stdout)

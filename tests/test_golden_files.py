@@ -34,3 +34,17 @@ def test_golden_file_decodes_to_its_pngs(path):
     for src, png in zip(decoded, pngs):
         want = np.asarray(Image.open(png).convert("RGB"))
         assert np.array_equal(np.asarray(images.to_pil(src)), want), png.name
+
+
+def test_info_names_the_zoo_entry_a_renamed_model_has_now():
+    """photo-1.sfc says "photo" in its header; the zoo has since given that name to a newer model.
+    `sfcodec info` must say which shipped model the file needs, not send the user to the new one."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    header = api.read_header((GOLDEN / "photo-1.sfc").read_bytes())
+    assert header["model"]["name"] == "photo" and zoo.shipped_name(header["model"]["sha256"]) == "photo-1"
+    assert zoo.shipped_name("0" * 64) is None
+    out = CliRunner().invoke(cli, ["info", str(GOLDEN / "photo-1.sfc")]).output
+    assert "shipped, now named photo-1" in out, out
