@@ -28,8 +28,10 @@ PUBLISHED_CIFAR10_TEST_BPD = {
 
 CSV_FIELDS = ["set", "image", "height", "width", "channels", "codec", "settings",
               "coded_channels", "nbytes", "bpd", "encode_s", "decode_s", "lossless", "error",
-              "bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd"]
-SCOREFLOW_EXTRA = ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd")
+              "bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd", "model_bpd", "seed_bpd", "coded_by"]
+# model_bpd: the file the model's stream makes; seed_bpd: the seed codec alone; the file (bpd) is
+# the smaller of the two (coded_by "seed" or "model") unless the fallback was off
+SCOREFLOW_EXTRA = ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd", "model_bpd", "seed_bpd")
 
 
 def _mean(values) -> float | None:
@@ -63,6 +65,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         for k in SCOREFLOW_EXTRA:
             if k in rs[0]:
                 s[k] = _mean(r[k] for r in rs)
+        if "coded_by" in rs[0]:
+            s["n_seed_coded"] = sum(r["coded_by"] == "seed" for r in rs)
         out.append(s)
     return out
 
@@ -91,11 +95,13 @@ def markdown(result: dict) -> str:
             else s["mean_bpd"] - s["ode_nll_bpd"]
         st = sf["stream"] or {"bpd": None, "lossless": True}  # None: --no-stream
         lines += ["", "| scoreflow | bound bpd | bound bpd (no corr) | ODE NLL bpd "
-                  "| actual single bpd | actual stream bpd | actual - NLL | lossless |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|",
+                  "| actual single bpd | actual stream bpd | actual - NLL | model's stream bpd "
+                  "| seed codec alone bpd | files by the seed codec | lossless |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
                   f"| {s['settings']} | {_f(s['bound_bpd'])} | {_f(s['bound_bpd_nocorr'])} | "
                   f"{_f(s['ode_nll_bpd'])} | {_f(s['mean_bpd'])} | {_f(st['bpd'])} | "
-                  f"{_f(gap, '{:+.3f}')} | "
+                  f"{_f(gap, '{:+.3f}')} | {_f(s.get('model_bpd'))} | {_f(s.get('seed_bpd'))} | "
+                  f"{s.get('n_seed_coded', 'n/a')} of {s['n_images']} | "
                   f"{'yes' if s['lossless'] and st['lossless'] else 'NO'} |"]
     if result["skipped"]:
         lines += [""] + [f"skipped {k}: {v}" for k, v in result["skipped"].items()]

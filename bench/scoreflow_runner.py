@@ -1,7 +1,9 @@
 """Every call the benchmark makes into scoreflow-codec, in one place.
 
-Uses exactly ``zoo.load_model``, ``api.compress_images``, ``api.decompress_arrays`` and
-``api.evaluate_images``. If the library API is missing this fails with ``ScoreflowError``
+Uses exactly ``zoo.load_model``, ``api.compress_arrays``, ``api.decompress_arrays`` and
+``api.evaluate_images``. Files are made as `sfcodec compress` makes them: with the seed-codec
+fallback (``--setting fallback=false`` for the model's stream only); every row also gives the
+model's stream (model_bpd), the seed codec alone (seed_bpd) and which of them the file is. If the library API is missing this fails with ``ScoreflowError``
 ("scoreflow_codec.api not available ..."); it never reports an estimate as a size.
 """
 from __future__ import annotations
@@ -158,15 +160,18 @@ def _code(images, api, model, mode, device, settings) -> dict:
     dims = sum(img.size for img in images)
     try:
         t0 = time.perf_counter()
-        data = api.compress_images(images, model, mode=mode, device=device, **settings)
+        data, rep = api.compress_arrays(images, model, mode=mode, device=device, **{"fallback": True, **settings})
         t1 = time.perf_counter()
         out = api.decompress_arrays(data, model=model, device=device)
         t2 = time.perf_counter()
     except Exception as e:  # noqa: BLE001 - recorded per image; the benchmark goes on
-        return {"nbytes": None, "bpd": None, "encode_s": None, "decode_s": None,
-                "lossless": False, "error": f"{type(e).__name__}: {e}"}
+        return {"nbytes": None, "bpd": None, "model_bpd": None, "seed_bpd": None, "coded_by": None,
+                "encode_s": None, "decode_s": None, "lossless": False, "error": f"{type(e).__name__}: {e}"}
     lossless = len(out) == len(images) and all(map(_same, out, images))
-    return {"nbytes": len(data), "bpd": 8 * len(data) / dims, "encode_s": t1 - t0,
+    return {"nbytes": len(data), "bpd": 8 * len(data) / dims,
+            "model_bpd": 8 * rep.model_bytes / dims,
+            "seed_bpd": None if rep.seed_bytes is None else 8 * rep.seed_bytes / dims,
+            "coded_by": rep.coded_by, "encode_s": t1 - t0,
             "decode_s": t2 - t1, "lossless": lossless,
             "error": None if lossless else "decoded images differ from the inputs"}
 

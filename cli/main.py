@@ -104,14 +104,26 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
     return zoo.load_model(spec, device=device)
 
 
-def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool):
-    """api.compress with the CLI's options (steps, tile) and an encode progress bar -> (data, report)."""
+def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool,
+            fallback: bool = True):
+    """api.compress with the CLI's options (steps, tile, fallback) and an encode progress bar -> (data, report)."""
     from scoreflow_codec import api, zoo
 
     settings = {"steps": steps} if steps else None
     ss = api.default_stream_settings(m, tile)
     with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
-        return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick)
+        return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick,
+                            fallback=fallback)
+
+
+def _coded_by(rep) -> str:
+    """What wrote the file, for the summary lines."""
+    if rep.coded_by == "model":
+        seed = f"; the seed codec alone: {8 * rep.seed_bytes / rep.num_dims:.3f}" if rep.seed_bytes else ""
+        return f"model's stream{seed}"
+    if rep.model_bytes is not None and rep.model_bytes != rep.file_bytes:
+        return f"seed codec alone, smaller than the model's stream ({8 * rep.model_bytes / rep.num_dims:.3f} bits/dim)"
+    return "seed codec alone"
 
 
 def _read_sfc(path: Path) -> bytes:
@@ -139,6 +151,11 @@ TILE_OPTION = click.option("--tile", type=click.IntRange(8, 256), default=None,
                                 "64 for photo, 32 otherwise).")
 MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both smaller and about 10x faster); "
              "ode: the probability-flow ODE (the paper's likelihood; slow on a CPU).")
+FALLBACK_OPTION = click.option(
+    "--fallback/--no-fallback", default=True, show_default=True,
+    help="Also code the images with the package's classical seed codec alone and keep that file where it "
+         "is smaller than the model's (the model's stream is coded either way; decoding needs the model "
+         "named in the file all the same).")
 MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a path to an exported .safetensors."
 
 
@@ -153,9 +170,10 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda; decode on the same kind.")
 @click.option("--verify/--no-verify", "verify", default=None,
               help="Decode before declaring success. Default: on where cheap (small inputs or chain mode).")
+@FALLBACK_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, tile, device, verify, force, quiet):
+def compress(inputs, output, model, mode, steps, tile, device, verify, fallback, force, quiet):
     """Compress one or more images into one .sfc file."""
     from scoreflow_codec import api, images
 
@@ -165,7 +183,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, force, qu
         src.meta.setdefault("name", p.name)
     m = _load_model(model, device, [s.size for s in sources])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback)
     enc_s = time.perf_counter() - t0
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
@@ -179,7 +197,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, force, qu
     atomic_write(output, data)
     if not quiet:
         msg = (f"{output}: {len(data)} bytes, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
-               f"[{mode}, model {m.name}] in {enc_s:.1f}s")
+               f"[{mode}, model {m.name}; {_coded_by(rep)}] in {enc_s:.1f}s")
         msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
         click.echo(msg, err=True)
 
@@ -262,8 +280,11 @@ def info(input, as_json):
         click.echo(f"           {count} x {w}x{hh} {mode}")
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
-    batching = "" if api.seed_only(f) else f", batching={ss['batching']}"
-    click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles{batching}")
+    if api.seed_only(f):
+        click.echo(f"stream:    the seed codec alone (classical), {f['n_tiles']} tile(s) of up to {ss['tile']}px")
+    else:
+        click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles, "
+                   f"batching={ss['batching']}")
 
 
 @cli.command()
@@ -273,28 +294,30 @@ def info(input, as_json):
 @click.option("--steps", type=click.IntRange(2, 4096), default=None)
 @TILE_OPTION
 @click.option("--device", default="cpu", show_default=True)
+@FALLBACK_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, as_json, quiet):
+def verify(inputs, model, mode, steps, tile, device, fallback, as_json, quiet):
     """Compress and decompress in memory, check the pixels are identical, report size and time."""
     from scoreflow_codec import api, images
 
     sources = [images.load_image(p) for p in inputs]
     m = _load_model(model, device, [s.size for s in sources])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick)
     t2 = time.perf_counter()
     api.check_identical(sources, back)
     out = {"images": len(sources), "bytes": len(data), "bpd": rep.bpd, "mode": mode, "model": m.name,
+           "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
            "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True}
     if as_json:
         click.echo(json.dumps(out))
     else:
         click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes, {rep.bpd:.3f} bits/dim "
-                   f"[{mode}, model {m.name}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical")
+                   f"[{mode}, model {m.name}; {_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical")
 
 
 @cli.command(name="eval")

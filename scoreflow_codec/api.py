@@ -93,6 +93,13 @@ class CompressReport:
     seconds: float
     stream: stream.StreamReport
     settings: dict = field(default_factory=dict)
+    model_bytes: int | None = None  # the file the model's stream makes
+    seed_bytes: int | None = None   # the file the seed codec alone makes (compress(fallback=True))
+
+    @property
+    def coded_by(self) -> str:
+        """"seed" where every tile went through the seed codec alone, else "model"."""
+        return "seed" if self.stream.n_seed == self.stream.n_tiles else "model"
 
     @property
     def bpd(self) -> float:
@@ -136,8 +143,12 @@ def _shapes(sources: list[imgs.SourceImage]):
 def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
-             track: bool = False) -> tuple[bytes, CompressReport]:
-    """Code images with a loaded model into .sfc bytes."""
+             track: bool = False, fallback: bool = False) -> tuple[bytes, CompressReport]:
+    """Code images with a loaded model into .sfc bytes.
+
+    fallback: also code the images with the classical seed codec alone, whole images as single
+    tiles (stream.seed_only_settings), and return that file where it is smaller. The model's
+    stream is coded either way; the report gives both sizes (model_bytes, seed_bytes)."""
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
@@ -155,24 +166,18 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
                              _eps_mse(model))
+    images = [stream.StreamImage(s.color, s.extra) for s in sources]
     try:
         with deterministic_torch():
-            payload, fields, rep = stream.encode(
-                [stream.StreamImage(s.color, s.extra) for s in sources], codec, ss, progress, track)
+            payload, fields, rep = stream.encode(images, codec, ss, progress, track)
     except ValueError as e:
         # a coder refused a value: the solver left the range it can code (steps far too few)
         hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
         raise SfcError(f"encoding failed ({e}); {hint}") from None
-    header = {
+    head = {
         "codec": __version__,
         "model": {"name": model.name, "sha256": model.sha256},
         "mode": mode,
-        # a seed-only stream (one small image) leaves out the mode's settings: they cannot change
-        # its decoding, and the header weighs most on such files
-        "settings": {} if seed_only(fields) else _non_default(settings, FORMAT_DEFAULTS[mode]),
-        # and of the stream's, all but the tile size (the tile count depends on it)
-        "stream": _non_default({"tile": ss.tile} if seed_only(fields) else ss.to_dict(), FORMAT_DEFAULTS["stream"]),
-        "fields": fields,
         "setup": {"device": _device_class(device), "dtype": "float32", "micro_batch": micro_batch,
                   "torch": torch.__version__, "threads": torch.get_num_threads()},
         "images": _describe_images(sources),
@@ -180,12 +185,38 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     }
     meta = {str(i): s.meta for i, s in enumerate(sources) if s.meta}
     if meta:
-        header["meta"] = meta
-    data = container.pack(header, payload)
+        head["meta"] = meta
+    data = _pack(head, settings, ss, payload, fields)
+    model_bytes, seed_bytes = len(data), None
+    if fallback:
+        alt_ss = stream.seed_only_settings([im.color_shape for im in images])
+        alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss)
+        alt = _pack(head, settings, alt_ss, alt_payload, alt_fields)
+        seed_bytes = len(alt)
+        if len(alt) < len(data):
+            data, payload, rep = alt, alt_payload, alt_rep
     dims = sum(s.num_dims for s in sources)
     report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
-                            rep.predicted_bits, time.perf_counter() - t0, rep, settings)
+                            rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes)
     return data, report
+
+
+def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict) -> bytes:
+    """The .sfc bytes of a stream: `head` (what does not depend on the stream) plus its coding."""
+    so = seed_only(fields)
+    header = {
+        **{k: head[k] for k in ("codec", "model", "mode")},
+        # a seed-only stream leaves out the mode's settings: they cannot change its decoding, and
+        # the header weighs most on such files (one small image)
+        "settings": {} if so else _non_default(settings, FORMAT_DEFAULTS[head["mode"]]),
+        # and of the stream's, all but the tile size (the tile count depends on it) and max_batch
+        # (the decoder bounds max_batch x tile^2; a whole-image tile comes with max_batch 1)
+        "stream": _non_default({"tile": ss.tile, "max_batch": ss.max_batch} if so else ss.to_dict(),
+                               FORMAT_DEFAULTS["stream"]),
+        "fields": fields,
+        **{k: v for k, v in head.items() if k not in ("codec", "model", "mode")},
+    }
+    return container.pack(header, payload)
 
 
 def seed_only(fields: dict) -> bool:
@@ -406,11 +437,15 @@ def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, setti
 
 
 # --- conveniences for the bench -------------------------------------------------------------
+def compress_arrays(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
+                    fallback: bool = False, **settings) -> tuple[bytes, CompressReport]:
+    return compress([imgs.from_array(a) for a in arrays], model, mode, settings or None,
+                    stream_settings=default_stream_settings(model, tile), device=device, fallback=fallback)
+
+
 def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
-                    **settings) -> bytes:
-    data, _ = compress([imgs.from_array(a) for a in arrays], model, mode, settings or None,
-                       stream_settings=default_stream_settings(model, tile), device=device)
-    return data
+                    fallback: bool = False, **settings) -> bytes:
+    return compress_arrays(arrays, model, mode, device, tile, fallback, **settings)[0]
 
 
 def decompress_arrays(data: bytes, model, device: str = "cpu") -> list[np.ndarray]:

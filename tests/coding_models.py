@@ -26,9 +26,9 @@ def gaussian_images(model: GaussianScoreModel, n: int, g: torch.Generator) -> np
     return torch.clamp(torch.round(x), 0, 255).to(torch.uint8).numpy()
 
 
-def loaded_gaussian(size: int = 32, seed: int = 0) -> LoadedModel:
+def loaded_gaussian(size: int = 32, seed: int = 0, spread=(0.2, 0.5)) -> LoadedModel:
     """An exact Gaussian model on size x size RGB tiles, as the codec loads models."""
-    model, _ = gaussian_model((3, size, size), seed, spread=(0.2, 0.5))
+    model, _ = gaussian_model((3, size, size), seed, spread=spread)
     return LoadedModel(name="gaussian-test", sha256="ab" * 32, config={}, model=model,
                        dequantizer=UniformDequantizer(), sde=model.sde)
 

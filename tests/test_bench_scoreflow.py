@@ -16,11 +16,12 @@ from bench import run, scoreflow_runner
 
 
 def _stub_api(lossy: bool = False):
-    def compress_images(images, model, mode, device, **settings):
-        assert model == "stub-model" and mode == "chain" and settings == {"steps": 8}
+    def compress_arrays(images, model, mode, device, fallback=False, **settings):
+        assert model == "stub-model" and mode == "chain" and settings == {"steps": 8} and fallback
         buf = io.BytesIO()
         np.savez_compressed(buf, *images)
-        return buf.getvalue()
+        n = len(buf.getvalue())
+        return buf.getvalue(), types.SimpleNamespace(model_bytes=n + 10, seed_bytes=n, coded_by="seed")
 
     def decompress(data, model, device):
         with np.load(io.BytesIO(data)) as z:
@@ -33,7 +34,7 @@ def _stub_api(lossy: bool = False):
         assert ode and bound
         return [{"bound_bpd": 3.0, "bound_bpd_nocorr": 3.1, "ode_nll_bpd": 2.9} for _ in images]
 
-    api = types.SimpleNamespace(compress_images=compress_images, decompress_arrays=decompress,
+    api = types.SimpleNamespace(compress_arrays=compress_arrays, decompress_arrays=decompress,
                                 evaluate_images=evaluate_images)
     zoo = types.SimpleNamespace(load_model=lambda name, device: "stub-model")
     return api, zoo
@@ -62,6 +63,10 @@ def test_scoreflow_columns(monkeypatch, tmp_path, npz_set, capsys, lossy):
     sf = next(s for s in res["summary"] if s["codec"] == "scoreflow")
     assert sf["ode_nll_bpd"] == 2.9 and sf["bound_bpd_nocorr"] == 3.1
     assert sf["lossless"] is not lossy
+    # the file, the model's stream and the seed codec alone, side by side
+    assert sf["model_bpd"] == pytest.approx(sf["mean_bpd"] + 8 * 10 / (8 * 8 * 3))
+    assert sf["seed_bpd"] == pytest.approx(sf["mean_bpd"]) and sf["n_seed_coded"] == 3
+    assert "| 3 of 3 |" in table
     assert res["scoreflow"]["stream"]["lossless"] is not lossy
     assert res["scoreflow"]["stream"]["bpd"] == pytest.approx(
         8 * res["scoreflow"]["stream"]["nbytes"] / (3 * 8 * 8 * 3))
@@ -73,8 +78,8 @@ def test_scoreflow_columns(monkeypatch, tmp_path, npz_set, capsys, lossy):
 def test_no_stream_codes_each_image_once(monkeypatch, tmp_path, npz_set, capsys):
     api, zoo = _stub_api()
     calls = []
-    compress = api.compress_images
-    api.compress_images = lambda images, *a, **k: calls.append(len(images)) or compress(images, *a, **k)
+    compress = api.compress_arrays
+    api.compress_arrays = lambda images, *a, **k: calls.append(len(images)) or compress(images, *a, **k)
     monkeypatch.setitem(sys.modules, "scoreflow_codec.api", api)
     monkeypatch.setitem(sys.modules, "scoreflow_codec.zoo", zoo)
     rc = run.main([str(npz_set), "--codecs", "scoreflow", "--model", "stub", "--setting", "steps=8",

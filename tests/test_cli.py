@@ -246,7 +246,8 @@ def test_shipped_model(shared_data, tmp_path):
         arrays = z["images"][:6]
     srcs = [save_png(Image.fromarray(a, "RGB"), tmp_path / f"cifar_{i}.png") for i, a in enumerate(arrays)]
     sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
-    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--mode", "chain", "--steps", STEPS["chain"], "--no-verify", "-q"))
+    assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--mode", "chain", "--steps", STEPS["chain"], "--no-verify",
+                      "--no-fallback", "-q"))  # the model's stream, even where the seed codec alone is smaller
     h = json.loads(sfcodec("info", sfc, "--json").stdout)
     assert h["model"]["name"] == "cifar10" and h["fields"]["n_tiles"] > h["fields"]["n_seed"]
     assert_ok(sfcodec("decompress", sfc, "-o", outdir, "-q"))
@@ -264,7 +265,7 @@ def test_round_trip_through_the_model(image, model_a, tmp_path, mode):
     srcs = [filler] + [image(k) for k in kinds]
     sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
     assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", mode, "--steps", STEPS[mode],
-                      "--no-verify", "-q"))
+                      "--no-verify", "--no-fallback", "-q"))
     f = json.loads(sfcodec("info", sfc, "--json").stdout)["fields"]
     assert f["n_seed"] <= seed_tiles and f["n_tiles"] > seed_tiles  # the filler's bits suffice
     assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
@@ -326,7 +327,8 @@ def test_info(good_sfc):
 def test_info_of_a_file_the_model_coded(tmp_path, model_a):
     src = save_png(Image.fromarray(_smooth_rgb(32, 32), "RGB"), tmp_path / "src.png")
     out = tmp_path / "tiles.sfc"
-    assert_ok(sfcodec("compress", src, "-o", out, "--model", model_a, "--tile", "8", "--steps", STEPS["chain"], "-q"))
+    assert_ok(sfcodec("compress", src, "-o", out, "--model", model_a, "--tile", "8", "--steps", STEPS["chain"],
+                      "--no-fallback", "-q"))
     r = sfcodec("info", out)
     assert_ok(r)
     assert f"steps={STEPS['chain']}" in r.stdout and "schedule=calibrated" in r.stdout, r.stdout
@@ -373,7 +375,7 @@ def test_tile_option(image, model_a, tmp_path):
     srcs = [filler, image("rgb_31x33")]
     sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
     assert_ok(sfcodec("compress", *srcs, "-o", sfc, "--model", model_a, "--mode", "chain", "--steps", STEPS["chain"],
-                      "--tile", "16", "-q"))
+                      "--tile", "16", "--no-fallback", "-q"))
     h = json.loads(sfcodec("info", sfc, "--json").stdout)
     assert h["stream"]["tile"] == 16 and h["fields"]["n_tiles"] == seeds + 2 * 3  # 31x33 in 16px tiles
     assert h["fields"]["n_seed"] < h["fields"]["n_tiles"]  # the model codes some

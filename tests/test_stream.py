@@ -11,6 +11,7 @@ from scoreflow_codec.coding import distributions as dist
 from scoreflow_codec.coding import stream
 from scoreflow_codec.coding import tiles as T
 from scoreflow_codec.coding.ans import Message
+from scoreflow_codec.coding.seed_codec import seed_bits
 from scoreflow_codec.coding.stream import StreamImage, StreamSettings
 
 DEFICIT = 6  # bits per dim the fake codec pops before it pushes
@@ -141,3 +142,25 @@ def test_fixed_seed_count_is_kept():
 def test_unknown_batching_is_refused():
     with pytest.raises(ValueError, match="batching"):
         stream.encode(_images(), FakeBitsBackCodec(), StreamSettings(tile=8, batching="fixed"))
+
+
+def test_seed_only_stream_codes_whole_images_for_their_seed_bits():
+    """seed_only_settings: one tile per image (the largest side), the seed codec alone (the model is
+    never called), the payload = the seed codec's predicted bits plus at most the ANS head."""
+    imgs = _images(5)
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    assert st.tile == 64 and st.max_batch == 1
+    codec = FakeBitsBackCodec()
+    _, fields, rep = _round_trip(imgs, st, codec)
+    assert fields["n_seed"] == fields["n_tiles"] == len(imgs) and rep.batches == []
+    assert codec.net_bits == 0  # the model codec coded nothing
+    whole = sum(seed_bits(im.color) for im in imgs)
+    assert rep.seed_bits == pytest.approx(whole)
+    assert 0 <= rep.payload_bits - (rep.extra_bits + rep.seed_bits) < 64 + 32
+
+
+def test_seed_only_tiles_stop_at_the_format_limit():
+    st = stream.seed_only_settings([(3, 1500, 700), (0, 0, 0), (1, 5, 3)])
+    assert st.tile == stream.SEED_ONLY_MAX_TILE == 1024
+    assert st.n_seed == 2 + 1  # 1500x700 in two tiles, the gray 5x3 in one
+    assert stream.seed_only_settings([(1, 2, 3)]).tile == 4  # the format's smallest tile

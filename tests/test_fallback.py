@@ -1,0 +1,96 @@
+"""compress(fallback=True): the file is whichever of the model's stream and the classical seed
+codec alone (whole images as single tiles) is smaller, and either decodes through the same path."""
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from scoreflow_codec import api, container, images
+
+from coding_models import gaussian_images, loaded_gaussian
+
+SETTINGS = {"steps": 32}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    # narrow per-pixel Gaussians around random means: the model codes its own samples at about
+    # 5 bits/dim, the seed codec at about 8
+    return loaded_gaussian(spread=(0.03, 0.08))
+
+
+def _in_distribution(model) -> np.ndarray:
+    """A 64x64 RGB image of four tiles drawn from the exact Gaussian model: the model codes it
+    near its entropy, far below what a classical codec can."""
+    t = gaussian_images(model.model, 4, torch.Generator().manual_seed(5))  # [4, 3, 32, 32]
+    rows = [np.concatenate(list(t[:2]), 2), np.concatenate(list(t[2:]), 2)]
+    return np.ascontiguousarray(np.concatenate(rows, 1).transpose(1, 2, 0))
+
+
+def _gradient(h=40, w=72) -> np.ndarray:
+    """A smooth ramp: a few bits for the seed codec's predictor, hundreds of bytes for the model."""
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 3, y * 5, (x + y) * 2], -1).astype(np.uint8)
+
+
+def _both(model, arr):
+    src = [images.from_array(arr)]
+    alone, rep0 = api.compress(src, model, "ode", SETTINGS)
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback=True)
+    assert rep0.seed_bytes is None and rep0.model_bytes == len(alone)
+    # the model's stream is coded the same way with or without the fallback
+    assert rep.model_bytes == len(alone)
+    assert len(data) == min(rep.model_bytes, rep.seed_bytes) == rep.file_bytes
+    assert np.array_equal(api.decompress(data, model)[0].color, src[0].color)
+    return alone, data, rep
+
+
+def test_the_model_stream_stays_where_it_is_smaller(model):
+    alone, data, rep = _both(model, _in_distribution(model))
+    assert rep.coded_by == "model" and rep.model_bytes < rep.seed_bytes
+    assert data == alone
+
+
+def test_the_seed_codec_alone_takes_over_where_it_is_smaller(model):
+    arr = _gradient()
+    alone, data, rep = _both(model, arr)
+    assert rep.coded_by == "seed" and rep.seed_bytes < rep.model_bytes
+    header, _ = container.unpack(data)
+    # one tile for the whole 40x72 image, one tile per batch, and none of the mode's settings
+    assert header["stream"] == {"tile": 72, "max_batch": 1} and header["settings"] == {}
+    assert header["fields"]["n_tiles"] == header["fields"]["n_seed"] == 1
+    # its codelength is what the report predicted, to the 32-bit word
+    assert abs(rep.payload_bits - rep.predicted_bits) <= 32 * 4
+
+
+def test_several_images_and_no_colour(model):
+    """A gray image (no colour planes) and two sizes in one file: every image is one tile."""
+    srcs = [images.from_array(_gradient()), images.from_array(_gradient(20, 30)[..., 0]),
+            images.from_array(_gradient(9, 7)[..., :1].repeat(3, -1))]
+    data, rep = api.compress(srcs, model, "ode", SETTINGS, fallback=True)
+    assert rep.coded_by == "seed"
+    assert container.unpack(data)[0]["fields"]["n_tiles"] == 3
+    api.check_identical(srcs, api.decompress(data, model))
+
+
+def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatch, model):
+    from cli import main as cli_main
+    monkeypatch.setattr(cli_main, "_load_model", lambda *a, **k: model)
+    png = tmp_path / "ramp.png"
+    Image.fromarray(_gradient(96, 128)).save(png)
+    runner = CliRunner()
+    files = {}
+    for flag in ("", "--no-fallback"):
+        out = tmp_path / f"ramp{flag}.sfc"
+        r = runner.invoke(cli_main.cli, ["compress", str(png), "-o", str(out), "--steps", "32", "--mode", "ode"]
+                          + ([flag] if flag else []))
+        assert r.exit_code == 0, r.output
+        files[flag] = out.read_bytes()
+        assert ("smaller than the model's stream" in r.output) == (flag == ""), r.output
+    # the model's stream puts a ramp in 32px seed tiles (the seed bits of one tile cannot pay for a
+    # model batch); the fallback codes it as one 128px tile, which is smaller
+    assert container.unpack(files[""])[0]["stream"] == {"tile": 128, "max_batch": 1}
+    assert container.unpack(files["--no-fallback"])[0]["stream"] == {}
+    assert len(files[""]) < len(files["--no-fallback"])
