@@ -110,7 +110,8 @@ def _key_value(s: str) -> tuple[str, object]:
 
 
 def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args, model_ref: str | None = None) -> dict:
-    sf_label = f"model={args.model} mode={args.mode} device={args.device}"
+    sf_label = (f"model={args.model} mode={args.mode} device={args.device} "
+                f"arith={args.sf_settings.get('arith', 'exact64')}")
     total = len(imgset) * (len(codecs) + (model is not None))
     bar = _progress(total, imgset.name)
     rows = []

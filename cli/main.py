@@ -105,7 +105,7 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
 
 
 def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool,
-            fallback: bool = True):
+            fallback: bool = True, arith: str = "exact64"):
     """api.compress with the CLI's options (steps, tile, fallback) and an encode progress bar -> (data, report)."""
     from scoreflow_codec import api, zoo
 
@@ -113,7 +113,7 @@ def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: 
     ss = api.default_stream_settings(m, tile)
     with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
         return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick,
-                            fallback=fallback)
+                            fallback=fallback, arith=arith)
 
 
 def _coded_by(rep) -> str:
@@ -156,6 +156,11 @@ FALLBACK_OPTION = click.option(
     help="Also code the images with the package's classical seed codec alone and keep that file where it "
          "is smaller than the model's (the model's stream is coded either way; decoding needs the model "
          "named in the file all the same).")
+ARITH_OPTION = click.option(
+    "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,
+    help="exact64: every number that drives the coder is computed bit-exactly, so any machine decodes the "
+         "file. float32: the float32 network, about 3x faster, but the file decodes only on the same kind of "
+         "machine (the same CPU instruction set and torch build).")
 MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a path to an exported .safetensors."
 
 
@@ -167,13 +172,15 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
 @click.option("--steps", type=click.IntRange(2, 4096), default=None, help="Solver / chain steps (default 128 in both modes; fewer is faster and larger).")
 @TILE_OPTION
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda; decode on the same kind.")
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu, or cuda with --arith float32 (such files decode on the same kind of device only).")
 @click.option("--verify/--no-verify", "verify", default=None,
               help="Decode before declaring success. Default: on where cheap (small inputs or chain mode).")
+@ARITH_OPTION
 @FALLBACK_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, tile, device, verify, fallback, force, quiet):
+def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, force, quiet):
     """Compress one or more images into one .sfc file."""
     from scoreflow_codec import api, images
 
@@ -183,7 +190,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, fallback,
         src.meta.setdefault("name", p.name)
     m = _load_model(model, device, [s.size for s in sources])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith)
     enc_s = time.perf_counter() - t0
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
@@ -273,8 +280,12 @@ def info(input, as_json):
         st = "unused: every tile is in the seed codec"
     click.echo(f"mode:      {h['mode']} ({st})")
     s = h["setup"]
-    click.echo(f"setup:     {s.get('device')} {s.get('dtype')}, micro-batch {s.get('micro_batch')}, "
-               f"torch {s.get('torch')}, {s.get('threads')} threads")
+    if s.get("dtype") == "exact64":
+        click.echo(f"setup:     exact64 arithmetic (decodes on any machine), micro-batch {s.get('micro_batch')}, "
+                   f"encoded with torch {s.get('torch')}")
+    else:
+        click.echo(f"setup:     {s.get('device')} {s.get('dtype')}, micro-batch {s.get('micro_batch')}, "
+                   f"torch {s.get('torch')}, {s.get('threads')} threads (decodes on the same kind of machine only)")
     click.echo(f"images:    {n}")
     for w, hh, mode, count in h["images"][:20]:
         click.echo(f"           {count} x {w}x{hh} {mode}")
@@ -294,17 +305,18 @@ def info(input, as_json):
 @click.option("--steps", type=click.IntRange(2, 4096), default=None)
 @TILE_OPTION
 @click.option("--device", default="cpu", show_default=True)
+@ARITH_OPTION
 @FALLBACK_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, fallback, as_json, quiet):
+def verify(inputs, model, mode, steps, tile, device, arith, fallback, as_json, quiet):
     """Compress and decompress in memory, check the pixels are identical, report size and time."""
     from scoreflow_codec import api, images
 
     sources = [images.load_image(p) for p in inputs]
     m = _load_model(model, device, [s.size for s in sources])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick)

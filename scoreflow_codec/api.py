@@ -20,12 +20,13 @@ from .coding import stream
 from .coding.chain_codec import ChainSettings
 from .coding.evaluator import deterministic_torch
 from .coding.ode_codec import ODESettings
-from .coding.pipeline import MODES, build_tile_codec, steps_per_batch
+from .coding.pipeline import ARITHMETICS, MODES, build_tile_codec, steps_per_batch
 from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MICRO_BATCH = 8
+DEFAULT_ARITH = "exact64"
 MAX_IMAGES = 100_000
 MAX_TOTAL_PIXELS = 1_000_000_000  # all images of one file together (10 x images.MAX_PIXELS)
 # Bounds on what a header may ask the decoder to do, checked before anything is allocated or
@@ -143,8 +144,12 @@ def _shapes(sources: list[imgs.SourceImage]):
 def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
-             track: bool = False, fallback: bool = False) -> tuple[bytes, CompressReport]:
+             track: bool = False, fallback: bool = False, arith: str = DEFAULT_ARITH) -> tuple[bytes, CompressReport]:
     """Code images with a loaded model into .sfc bytes.
+
+    arith: "exact64" (the default), every number that parametrizes a coder computed in exactmath's
+    arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x
+    faster), whose files decode only where the kernels are the same (the machine type that made them).
 
     fallback: also code the images with the classical seed codec alone, whole images as single
     tiles (stream.seed_only_settings), and return that file where it is smaller. The model's
@@ -164,8 +169,12 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         raise SfcError(str(e).replace("corrupt header: ", "")) from None
     if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
-    codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
-                             _eps_mse(model))
+    _check_arith(arith, device)
+    try:
+        codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
+                                 _eps_mse(model), arith)
+    except TypeError as e:
+        raise SfcError(f"{e}; use arith='float32'") from None
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
     try:
         with deterministic_torch():
@@ -178,7 +187,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         "codec": __version__,
         "model": {"name": model.name, "sha256": model.sha256},
         "mode": mode,
-        "setup": {"device": _device_class(device), "dtype": "float32", "micro_batch": micro_batch,
+        "setup": {"device": _device_class(device), "dtype": arith, "micro_batch": micro_batch,
                   "torch": torch.__version__, "threads": torch.get_num_threads()},
         "images": _describe_images(sources),
         "crc32": _images_crc(sources),
@@ -362,9 +371,13 @@ def check_setup(h: dict, model, device: str) -> None:
             f"file was made with model {h['model'].get('name', '?')} (sha256 {h['model']['sha256'][:12]}...), "
             f"not {model.name} (sha256 {model.sha256[:12]}...); pass --model with the right one")
     setup = h["setup"]
-    if setup.get("dtype") != "float32":
-        raise ModelMismatchError(f"file was encoded in {setup.get('dtype')}; this release computes in float32 "
-                                 "only and cannot reproduce it")
+    if setup.get("dtype") not in ARITHMETICS:
+        raise ModelMismatchError(f"file was encoded in {setup.get('dtype')} arithmetic; this release knows "
+                                 f"{' and '.join(ARITHMETICS)} only and cannot reproduce it")
+    if setup["dtype"] == "exact64":
+        if _device_class(device) != "cpu":
+            raise ModelMismatchError("the file uses the exact arithmetic, which runs on the CPU: decode with --device cpu")
+        return  # the same bits on any machine, thread count and torch build
     if setup.get("device") != _device_class(device):
         raise ModelMismatchError(
             f"file was encoded on {setup.get('device')}; its floats can only be reproduced there: "
@@ -377,8 +390,18 @@ def check_setup(h: dict, model, device: str) -> None:
 def _why(h: dict) -> str:
     """What a payload that passed its CRC but does not decode points to (same words as the CRC check)."""
     st = h["setup"]
+    if st.get("dtype") == "exact64":
+        return "; the file is corrupt (its arithmetic is exact: any machine decodes an intact file)"
     return (f"; the file is corrupt, or this machine does not reproduce the encoder's arithmetic (encoded on "
             f"{st['device']} with torch {st['torch']}, {st['threads']} thread(s), micro-batch {st['micro_batch']})")
+
+
+def _check_arith(arith: str, device: str) -> None:
+    if arith not in ARITHMETICS:
+        raise SfcError(f"unknown arithmetic {arith!r}; expected one of {', '.join(ARITHMETICS)}")
+    if arith == "exact64" and _device_class(device) != "cpu":
+        raise SfcError("the exact arithmetic runs on the CPU only: use --device cpu (or --arith float32 on "
+                       f"{_device_class(device)}, whose files then decode only there)")
 
 
 def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int], None] | None = None
@@ -392,12 +415,12 @@ def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int]
         mode_settings, stream_settings = full_settings(header)
         ss = stream.StreamSettings.from_dict(stream_settings)
         codec = build_tile_codec(model.model, model.dequantizer, model.sde, header["mode"], mode_settings,
-                                 int(header["setup"]["micro_batch"]), device, _eps_mse(model))
+                                 int(header["setup"]["micro_batch"]), device, _eps_mse(model), header["setup"]["dtype"])
     except (TypeError, ValueError, KeyError) as e:
         raise BadFileError(f"corrupt header: bad coding settings ({e})") from None
     prev_threads = torch.get_num_threads()
     threads = header["setup"].get("threads")
-    if isinstance(threads, int) and threads >= 1:
+    if isinstance(threads, int) and threads >= 1 and header["setup"]["dtype"] != "exact64":
         torch.set_num_threads(threads)
     try:
         with deterministic_torch():
@@ -438,14 +461,14 @@ def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, setti
 
 # --- conveniences for the bench -------------------------------------------------------------
 def compress_arrays(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
-                    fallback: bool = False, **settings) -> tuple[bytes, CompressReport]:
+                    fallback: bool = False, arith: str = DEFAULT_ARITH, **settings) -> tuple[bytes, CompressReport]:
     return compress([imgs.from_array(a) for a in arrays], model, mode, settings or None,
-                    stream_settings=default_stream_settings(model, tile), device=device, fallback=fallback)
+                    stream_settings=default_stream_settings(model, tile), device=device, fallback=fallback, arith=arith)
 
 
 def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
-                    fallback: bool = False, **settings) -> bytes:
-    return compress_arrays(arrays, model, mode, device, tile, fallback, **settings)[0]
+                    fallback: bool = False, arith: str = DEFAULT_ARITH, **settings) -> bytes:
+    return compress_arrays(arrays, model, mode, device, tile, fallback, arith, **settings)[0]
 
 
 def decompress_arrays(data: bytes, model, device: str = "cpu") -> list[np.ndarray]:

@@ -62,7 +62,7 @@ def chain_coeffs(sde: SDE, steps: int, t_start: float | None = None, schedule: s
     post_zc = a * sigma[:-1] ** 2 / s2n
     post_xc = alpha[:-1] * b2 / s2n
     post_std = np.sqrt(sigma[:-1] ** 2 * b2 / s2n)
-    lam_next = 2.0 * (np.log(alpha[1:]) - np.log(sigma[1:]))
+    lam_next = 2.0 * (sde.ops.log(alpha[1:]) - sde.ops.log(sigma[1:]))
     m = calibration.interpolate(eps_mse, lam_next)
     rev_std = np.sqrt(post_std ** 2 + (post_xc * sigma[1:] / alpha[1:]) ** 2 * m)
     return ChainCoeffs(ts, alpha, sigma, a, b, post_zc, post_xc, post_std, float(sde.prior_std()), rev_std)

@@ -38,7 +38,7 @@ def time_grid(sde: SDE, steps: int, t_start: float | None = None, t_end: float |
         ends = torch.tensor([t0, t1], dtype=torch.float64)
         lam = sde.log_snr(ends)
         if schedule == "logsnr":
-            lams = torch.linspace(float(lam[0]), float(lam[1]), steps + 1, dtype=torch.float64)
+            lams = sde.ops.linspace(float(lam[0]), float(lam[1]), steps + 1)
         else:  # step_grid runs from low to high log-SNR, the grid from t0 (high) to t1 (low)
             lams = torch.from_numpy(calibration.step_grid(eps_mse, float(lam[1]), float(lam[0]), steps + 1)[::-1].copy())
         ts = sde.t_from_log_snr(lams).numpy()

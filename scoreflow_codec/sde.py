@@ -6,10 +6,13 @@ Everything here is closed form; `tests/test_sde.py` checks it against Monte-Carl
 from __future__ import annotations
 
 import abc
+import copy
 import math
 from dataclasses import asdict, dataclass
 
 import torch
+
+from .exactmath import EXACT, NATIVE, Ops
 
 Tensor = torch.Tensor
 
@@ -47,11 +50,20 @@ class SDE(abc.ABC):
     """dx = f(x, t) dt + g(t) dW on [0, T], with Gaussian marginals."""
 
     default_eps: float = 1e-5
+    # the elementwise functions of the coefficients: torch's own, or exactmath's for coding
+    ops: Ops = NATIVE
 
     def __init__(self, config: SDEConfig):
         self.config = config
         self.T = float(config.T)
         self.eps = float(config.eps if config.eps is not None else self.default_eps)
+
+    def exact(self) -> "SDE":
+        """This SDE with every coefficient computed by exactmath: the same bits on any machine
+        (the coder's schedules); NATIVE differs from it by an ulp here and there."""
+        out = copy.copy(self)
+        out.ops = EXACT
+        return out
 
     # --- the SDE itself -------------------------------------------------------------------
     @abc.abstractmethod
@@ -102,7 +114,7 @@ class SDE(abc.ABC):
     # --- log-SNR --------------------------------------------------------------------------
     def log_snr(self, t: Tensor) -> Tensor:
         a, s = self.marginal_coeffs(t)
-        return 2.0 * (torch.log(a) - torch.log(s))
+        return 2.0 * (self.ops.log(a) - self.ops.log(s))
 
     @abc.abstractmethod
     def t_from_log_snr(self, lam: Tensor) -> Tensor:
@@ -137,14 +149,14 @@ class VPSDE(SDE):
 
     def marginal_coeffs(self, t):
         B = self.int_beta(t)
-        alpha = torch.exp(-0.5 * B)
-        sigma = torch.sqrt(-torch.expm1(-B))
+        alpha = self.ops.exp(-0.5 * B)
+        sigma = torch.sqrt(-self.ops.expm1(-B))
         return alpha, sigma
 
     def log_snr(self, t):
         # log(alpha^2 / (1 - alpha^2)) = -log(e^B - 1), computed stably.
         B = self.int_beta(t)
-        return -torch.log(torch.expm1(B))
+        return -self.ops.log(self.ops.expm1(B))
 
     def _t_from_int_beta(self, B: Tensor) -> Tensor:
         # Solve b0 t + (b1 - b0) t^2 / 2 = B for t >= 0.
@@ -155,7 +167,7 @@ class VPSDE(SDE):
 
     def t_from_log_snr(self, lam):
         # e^B - 1 = e^{-lam}  =>  B = log1p(e^{-lam})
-        B = torch.nn.functional.softplus(-lam)
+        B = self.ops.softplus(-lam)
         return self._t_from_int_beta(B)
 
     def prior_std(self):
@@ -171,19 +183,19 @@ class SubVPSDE(VPSDE):
         super().__init__(config or SDEConfig(kind="subvp"))
 
     def g2(self, t):
-        return self.beta(t) * (-torch.expm1(-2.0 * self.int_beta(t)))
+        return self.beta(t) * (-self.ops.expm1(-2.0 * self.int_beta(t)))
 
     def marginal_coeffs(self, t):
         B = self.int_beta(t)
-        return torch.exp(-0.5 * B), -torch.expm1(-B)
+        return self.ops.exp(-0.5 * B), -self.ops.expm1(-B)
 
     def log_snr(self, t):
         B = self.int_beta(t)
-        return -B - 2.0 * torch.log(-torch.expm1(-B))
+        return -B - 2.0 * self.ops.log(-self.ops.expm1(-B))
 
     def t_from_log_snr(self, lam):
         # lam = -B - 2 log(1 - e^{-B}) = -2 log(e^{B/2} - e^{-B/2}) = -2 log(2 sinh(B/2))
-        B = 2.0 * torch.asinh(0.5 * torch.exp(-0.5 * lam))
+        B = 2.0 * self.ops.asinh(0.5 * self.ops.exp(-0.5 * lam))
         return self._t_from_int_beta(B)
 
 
@@ -200,9 +212,16 @@ class VESDE(SDE):
         self.smin = float(self.config.sigma_min)
         self.smax = float(self.config.sigma_max)
         self.log_r = math.log(self.smax / self.smin)
+        self.log_smin = math.log(self.smin)
+
+    def exact(self) -> "VESDE":
+        out = super().exact()
+        out.log_r = float(EXACT.log(torch.tensor(self.smax / self.smin, dtype=torch.float64)))
+        out.log_smin = float(EXACT.log(torch.tensor(self.smin, dtype=torch.float64)))
+        return out
 
     def sigma_fn(self, t):
-        return self.smin * torch.exp(t * self.log_r)
+        return self.smin * self.ops.exp(t * self.log_r)
 
     def drift_coef(self, t):
         return torch.zeros_like(t)
@@ -212,14 +231,14 @@ class VESDE(SDE):
 
     def marginal_coeffs(self, t):
         # sigma(t)^2 - sigma_min^2 = sigma_min^2 (e^{2 t log r} - 1)
-        return torch.ones_like(t), self.smin * torch.sqrt(torch.expm1(2.0 * t * self.log_r))
+        return torch.ones_like(t), self.smin * torch.sqrt(self.ops.expm1(2.0 * t * self.log_r))
 
     def log_snr(self, t):
-        return -2.0 * math.log(self.smin) - torch.log(torch.expm1(2.0 * t * self.log_r))
+        return -2.0 * self.log_smin - self.ops.log(self.ops.expm1(2.0 * t * self.log_r))
 
     def t_from_log_snr(self, lam):
         # expm1(2 t log r) = e^{-lam} / smin^2
-        return torch.log1p(torch.exp(-lam - 2.0 * math.log(self.smin))) / (2.0 * self.log_r)
+        return self.ops.log1p(self.ops.exp(-lam - 2.0 * self.log_smin)) / (2.0 * self.log_r)
 
     def prior_std(self):
         return math.sqrt(self.smax**2 - self.smin**2)

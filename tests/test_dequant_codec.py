@@ -64,3 +64,43 @@ def test_uniform_is_exactly_L_bits():
     assert b0 - m.num_bits() == x.size * 8
     codec.push(m, x, frac)
     assert np.array_equal(m.words(), padding_words(100))
+
+
+def test_exact_binary_decisions_multiply_to_the_cell_probability():
+    """exact64 codes a cell as L binary decisions: their probabilities multiply to the cell's
+    probability under the mixture CDF, so the codelength is the table's."""
+    from scoreflow_codec.coding.dequant_codec import _ExactMixture
+
+    rng = np.random.default_rng(2)
+    lp, mu, ls = rng.normal(size=(40, 4)), 2 * rng.normal(size=(40, 4)), rng.uniform(-3, 0, size=(40, 4))
+    L = 6
+    cells = torch.from_numpy(rng.integers(0, 2 ** L, 40))
+    mix = _ExactMixture(lp, mu, ls, L)
+    got, levels = mix.decisions(m=cells)
+    assert torch.equal(got, cells) and len(levels) == L
+    bits = sum(-np.log2(p[np.arange(40), b] / p.sum(1)) for p, b in levels)
+    table = mixture_table(lp, mu, ls, L)
+    assert np.allclose(bits, -np.log2(table[np.arange(40), cells.numpy()]), rtol=1e-9)
+
+
+def test_exact_variational_round_trip_and_size():
+    from scoreflow_codec.models.exact import ExactDequantizer
+
+    dq = ExactDequantizer(_variational())
+    x = np.random.default_rng(1).integers(0, 256, size=(3, 3, 8, 8)).astype(np.int64)
+    L = 8
+    codec = DequantCodec(dq, Evaluator(lambda *a: None, 2, exact=True), L, exact=True)
+    m = Message(padding_words(4000))
+    b0 = m.num_bits()
+    codec.bits_log = []
+    frac = codec.pop(m, x)
+    popped = b0 - m.num_bits()
+    assert abs(popped + sum(codec.bits_log)) <= 64  # the predicted codelength, to the ANS head
+    codec.bits_log = None
+    codec.push(m, x, frac)
+    assert np.array_equal(m.words(), padding_words(4000))
+    # the same bits as the float32 table codec would pop, up to the network's rounding
+    ref = DequantCodec(_variational(), Evaluator(lambda *a: None, 2), L)
+    m2 = Message(padding_words(4000))
+    ref.pop(m2, x)
+    assert abs((b0 - m2.num_bits()) - popped) < 0.002 * popped

@@ -2,7 +2,10 @@
 differs: never wrong pixels. And compress's --verify policy (docs/RELIABILITY.md).
 
 A tiny random U-Net (real convolutions, whose float results can depend on the thread count and
-batch size) codes a 64x32 image: one seed tile and one model tile, 16 chain steps.
+batch size) codes a 64x32 image: one seed tile and one model tile, 16 chain steps. `encoded` is a
+file of the machine-bound float32 arithmetic, whose decoder must follow the recorded setup;
+`exact_file` one of the default exact64 arithmetic, which decodes whatever the setup (and, by
+tests/test_exact.py, whatever the kernels).
 """
 import copy
 import logging
@@ -52,11 +55,12 @@ def source():
     return images.from_array(arr)
 
 
-def _compress_at_one_thread(model, source, micro_batch: int = 8) -> bytes:
+def _compress_at_one_thread(model, source, micro_batch: int = 8, arith: str = "float32") -> bytes:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=micro_batch)
+        data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=micro_batch,
+                               arith=arith)
     finally:
         torch.set_num_threads(n)
     return data
@@ -64,8 +68,14 @@ def _compress_at_one_thread(model, source, micro_batch: int = 8) -> bytes:
 
 @pytest.fixture(scope="module")
 def encoded(model, source):
-    """The file, encoded at one torch thread."""
+    """The file in float32 arithmetic, encoded at one torch thread."""
     return _compress_at_one_thread(model, source)
+
+
+@pytest.fixture(scope="module")
+def exact_file(model, source):
+    data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM)
+    return data
 
 
 def _repack(data, **setup):
@@ -90,11 +100,12 @@ def _exact_or_refused(data, model, source) -> str:
     return "identical"
 
 
-def test_header_records_the_setup(encoded, model):
+def test_header_records_the_setup(encoded, exact_file, model):
     h = api.read_header(encoded)
     assert h["model"] == {"name": model.name, "sha256": model.sha256}
     assert h["setup"] == {"device": "cpu", "dtype": "float32", "micro_batch": 8, "threads": 1,
                           "torch": torch.__version__}
+    assert api.read_header(exact_file)["setup"]["dtype"] == "exact64"  # the default
     assert h["mode"] == "chain" and h["settings"] == {**SETTINGS, "schedule": "calibrated"}
     assert h["fields"]["n_tiles"] == 2 and h["fields"]["n_seed"] == 1  # one tile goes through the net
 
@@ -104,11 +115,13 @@ def test_header_settings_are_relative_to_the_frozen_format_defaults(model, sourc
     so the encoder's defaults (chain steps 128, the calibrated schedule) can change without changing an old file's meaning."""
     assert api.default_settings("chain")["steps"] == 128 and api.FORMAT_DEFAULTS["chain"]["steps"] == 64
     assert api.default_settings("chain")["schedule"] == "calibrated" and api.FORMAT_DEFAULTS["chain"]["schedule"] == "logsnr"
-    at_64, _ = api.compress([source], model, "chain", {"steps": 64, "schedule": "logsnr"}, stream_settings=STREAM)
+    # (the float32 arithmetic: the header's rules are the same for both, and it is 4x faster)
+    at_64, _ = api.compress([source], model, "chain", {"steps": 64, "schedule": "logsnr"}, stream_settings=STREAM,
+                            arith="float32")
     h = api.read_header(at_64)
     assert h["settings"] == {} and api.full_settings(h)[0]["steps"] == 64
     api.check_identical([source], api.decompress(at_64, model))
-    default, _ = api.compress([source], model, "chain", stream_settings=STREAM)
+    default, _ = api.compress([source], model, "chain", stream_settings=STREAM, arith="float32")
     assert api.read_header(default)["settings"] == {"steps": 128, "schedule": "calibrated"}
     api.check_identical([source], api.decompress(default, model))
 
@@ -144,14 +157,36 @@ def test_real_codecs_pop_no_padding(model, mode):
     arr[:, :160] = 90
     src = images.from_array(arr)
     st = {"steps": 4} if mode == "ode" else SETTINGS
-    _, bits = api.compress([src], model, mode, st)
-    _, growth = api.compress([src], model, mode, st, stream_settings=StreamSettings(batching="growth"))
+    # the float32 arithmetic (4x faster): the deficits do not depend on the arithmetic
+    _, bits = api.compress([src], model, mode, st, arith="float32")
+    _, growth = api.compress([src], model, mode, st, stream_settings=StreamSettings(batching="growth"), arith="float32")
     assert bits.stream.pad_consumed_bits <= 64 < 4096 < growth.stream.pad_consumed_bits
     assert bits.stream.n_seed < bits.stream.n_tiles == 10
 
 
-def test_encoding_is_deterministic(encoded, model, source):
+def test_encoding_is_deterministic(encoded, exact_file, model, source):
     assert _compress_at_one_thread(model, source) == encoded
+    assert _compress_at_one_thread(model, source, arith="exact64") == _repack(exact_file, threads=1)
+
+
+@pytest.mark.parametrize("threads, micro_batch", [(2, 8), (1, 1), (3, 3)])
+def test_exact_files_decode_at_any_thread_count_and_micro_batch(exact_file, model, source, threads, micro_batch):
+    """The header edited to another setup: the exact arithmetic gives the same bits anyway."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        api.check_identical([source], api.decompress(_repack(exact_file, micro_batch=micro_batch), model))
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_exact_files_name_no_setup_when_corrupt(exact_file, model):
+    h, words = container.unpack(exact_file)
+    words = words.copy()
+    words[len(words) // 2] ^= 0x5A5A5A5A
+    with pytest.raises((BadFileError, DecodeMismatchError)) as e:
+        api.decompress(container.pack(h, words), model)
+    assert "thread(s)" not in str(e.value)
 
 
 def test_decode_runs_at_the_recorded_thread_count(encoded, model, source, monkeypatch):
@@ -194,6 +229,8 @@ def test_mismatched_setup_is_refused(encoded, model, tmp_path):
         api.decompress(encoded, model, device="cuda")  # refused before any cuda call
     with pytest.raises(ModelMismatchError, match="float64"):
         api.decompress(_repack(encoded, dtype="float64"), model)
+    with pytest.raises(ModelMismatchError, match="exact arithmetic.*CPU"):
+        api.decompress(_repack(encoded, dtype="exact64"), model, device="cuda")
     other = load_model_file(_tiny_model_file(tmp_path / "other.safetensors", 1))
     with pytest.raises(ModelMismatchError, match="sha256") as e:
         api.decompress(encoded, other)

@@ -81,7 +81,7 @@ class ChainCodec:
             q_std = co.sigma[0] if i == 0 else co.b[i - 1]
             p_std = co.rev_std[i] if i < T - 1 else co.prior_std
             smallest[i] = min(q_std, p_std)
-        self.delta = 2.0 ** np.floor(np.log2(smallest / settings.lattice_ratio))
+        self.delta = sde.ops.floor_pow2(smallest / settings.lattice_ratio)
         self.dy = settings.delta
         self.tau = co.sigma[0] / co.alpha[0]
         self.bits_log: list[float] | None = None

@@ -4,7 +4,12 @@ The encoder and decoder must compute bit-identical coder parameters. On the same
 torch build, a network's output for one sample can still change with the batch it is computed
 in (kernel choice depends on the batch size), so every call here runs in micro-batches of
 exactly `micro_batch` samples (zero-padded), in a fixed order, and rounds outputs to a grid
-before they parametrize a coder.
+before they parametrize a coder. That is the "float32" arithmetic: its files decode only where
+the kernels are the same (the same machine type and build).
+
+exact=True ("exact64" files): `fn` is an exact forward (models/exact.py) whose outputs are the
+same bits on every machine and in any batch, so nothing is rounded, and the Jacobian's quadratic
+form of the ODE mode comes from a finite difference of two exact forwards instead of autograd.
 """
 from __future__ import annotations
 
@@ -14,7 +19,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .. import exactmath as em
+
 QUANT_BITS = 20
+FD_STEP = 2.0 ** -10  # the finite difference of exact mode's Jacobian quadratic form (model space)
 
 
 def quantize(v: np.ndarray, bits: int = QUANT_BITS) -> np.ndarray:
@@ -38,14 +46,18 @@ class Evaluator:
     """Runs `fn(x[M, ...], t[M]) -> out[M, ...]` on fixed-size micro-batches."""
 
     def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], micro_batch: int,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+                 device: str | torch.device = "cpu", exact: bool = False):
         if micro_batch < 1:
             raise ValueError("micro_batch must be >= 1")
         self.fn = fn
         self.micro_batch = int(micro_batch)
         self.device = torch.device(device)
-        self.dtype = dtype
+        self.exact = exact
+        self.dtype = torch.float64 if exact else torch.float32
         self.calls = 0  # network evaluations, counted in samples (for reports)
+
+    def _out(self, v: np.ndarray) -> np.ndarray:
+        return v if self.exact else quantize(v)
 
     def _chunks(self, n: int):
         for s in range(0, n, self.micro_batch):
@@ -68,7 +80,7 @@ class Evaluator:
             y = self.fn(self._pad(x, s, e), self._t(t))
             out[s:e] = y[: e - s].to("cpu", torch.float64).numpy()
             self.calls += e - s
-        return quantize(out)
+        return self._out(out)
 
     @torch.no_grad()
     def batched(self, fn: Callable[..., tuple], *arrays: np.ndarray) -> list[np.ndarray]:
@@ -83,13 +95,19 @@ class Evaluator:
             for acc, r in zip(outs, res):
                 acc.append(r[: e - s].to("cpu", torch.float64).numpy())
             self.calls += e - s
-        return [quantize(np.concatenate(acc, 0)) for acc in outs]
+        return [self._out(np.concatenate(acc, 0)) for acc in outs]
 
     def with_trace(self, x: np.ndarray, t: float, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(fn(x, t), v^T (d fn/dx) v per row) with the probe v broadcast to every row.
 
-        The quadratic form comes from one vector-Jacobian product: v . (J^T v) = v^T J v.
+        The quadratic form comes from one vector-Jacobian product: v . (J^T v) = v^T J v, or with
+        exact arithmetic from (v . (fn(x + h v) - fn(x))) / h, summed in a fixed order.
         """
+        if self.exact:
+            out = self(x, t)
+            shifted = self(x + FD_STEP * np.asarray(probe)[None], t)
+            d = torch.from_numpy(((shifted - out) * np.asarray(probe)[None]).reshape(x.shape[0], -1))
+            return out, em.tree_sum(d).numpy() / FD_STEP
         out = np.empty(x.shape, dtype=np.float64)
         quad = np.empty(x.shape[0], dtype=np.float64)
         v = torch.from_numpy(np.broadcast_to(probe, (self.micro_batch,) + x.shape[1:]).copy()).to(self.device, self.dtype)

@@ -104,7 +104,8 @@ class ODECodec:
         d = y[0].size
         # |det J|^(1/D) ~ a (1 + (c/a) tr(d eps/dy) / D), clamped against a wild probe
         rel = np.clip(1.0 + (c / a) * quad / d, 0.5, 2.0)
-        scale = np.exp(np.rint(np.log(a * rel) * 2.0 ** 20) / 2.0 ** 20)
+        ops = self.sde.ops
+        scale = ops.exp(np.rint(ops.log(a * rel) * 2.0 ** 20) / 2.0 ** 20)
         std = np.broadcast_to((self.s.sigma_ratio * scale).reshape((-1,) + (1,) * (y.ndim - 1)), y.shape)
         return mean, np.ascontiguousarray(std), eps
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BadFileError
+from ..models.exact import exact_dequantizer, exact_model
 from .ans import Message
 from .chain_codec import ChainCodec, ChainSettings
 from .dequant_codec import DequantCodec
@@ -60,11 +61,22 @@ def steps_per_batch(mode: str, steps: int) -> int:
     return steps - (1 if mode == "chain" else 0)
 
 
+ARITHMETICS = ("exact64", "float32")
+
+
 def build_tile_codec(model, dequantizer, sde, mode: str, settings: dict, micro_batch: int,
-                     device: str = "cpu", eps_mse: dict | None = None) -> DensityTileCodec:
+                     device: str = "cpu", eps_mse: dict | None = None, arith: str = "float32") -> DensityTileCodec:
     """model: eps-prediction module; settings: the mode's settings (ODESettings / ChainSettings);
-    eps_mse: the model file's denoising-error table (chain mode's reverse variances)."""
-    ev = Evaluator(model, micro_batch, device)
+    eps_mse: the model file's denoising-error table (chain mode's reverse variances).
+    arith: "exact64", the networks, schedules and coder parameters in exactmath's arithmetic (the
+    same bits on every machine), or "float32", the float32 networks with rounded outputs and
+    torch's and numpy's own functions (files that decode only where the kernels are the same)."""
+    if arith not in ARITHMETICS:
+        raise ValueError(f"unknown arithmetic {arith!r}; expected one of {ARITHMETICS}")
+    exact = arith == "exact64"
+    if exact:
+        model, dequantizer, sde = exact_model(model), exact_dequantizer(dequantizer), sde.exact()
+    ev = Evaluator(model, micro_batch, device, exact=exact)
     if mode == "ode":
         s = ODESettings.from_dict(settings)
         flow = ODECodec(sde, ev, s)
@@ -73,5 +85,5 @@ def build_tile_codec(model, dequantizer, sde, mode: str, settings: dict, micro_b
         flow = ChainCodec(sde, ev, s, eps_mse)
     else:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    return DensityTileCodec(DequantCodec(dequantizer, Evaluator(model, micro_batch, device), s.lattice_bits),
-                            flow, s.lattice_bits)
+    dq = DequantCodec(dequantizer, Evaluator(model, micro_batch, device, exact=exact), s.lattice_bits, exact=exact)
+    return DensityTileCodec(dq, flow, s.lattice_bits)

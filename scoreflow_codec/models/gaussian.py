@@ -42,6 +42,12 @@ class GaussianScoreModel(nn.Module):
         v = alpha * alpha * self.s * self.s + sigma * sigma
         return alpha, sigma, v
 
+    def exact(self) -> "GaussianScoreModel":
+        """The same model with exactmath's SDE coefficients: forward is then the same bits on any
+        machine (its other operations are IEEE basic ones), as the codec's exact arithmetic needs."""
+        out = GaussianScoreModel(self.sde.exact(), self.mu, self.s)
+        return out
+
     # --- ScoreModel interface -------------------------------------------------------------
     def forward(self, x: Tensor, t) -> Tensor:
         """eps_hat = -sigma_t * score = sigma_t (x - alpha_t mu) / v_t."""

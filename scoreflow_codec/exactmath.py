@@ -1,0 +1,367 @@
+"""Float64 arithmetic that every IEEE-754 machine reproduces bit for bit (DESIGN 2e).
+
+A decoder must recompute the encoder's coder parameters to the last bit, on whatever CPU it runs.
+Rounding a float32 network's outputs to a grid does not achieve that: two machines whose kernels
+differ (oneDNN and MKL pick code paths by instruction set and cache size; numpy and SLEEF have
+their own exp and tanh per SIMD width) differ in about 90% of the raw outputs by up to 2e-6 on the
+shipped photo model, and the grid only moves which values flip (tests/test_exact.py measures it).
+
+What is reproducible everywhere: the IEEE operations +, -, *, / and sqrt are correctly rounded,
+so the same inputs give the same bits whatever the vector width, as long as no multiply-add is
+fused (torch evaluates each operator of an expression as its own kernel). Everything here is
+built from those:
+
+- elementwise functions (exp, log, expm1, log1p, sigmoid, tanh, sin, cos) by range reduction and
+  polynomials in Horner form, a few ulp from the true values;
+- sums in a fixed order (`tree_sum`), never a library reduction whose order depends on the kernel;
+- sums that must run in a library kernel to be fast (convolutions, matrix products) get integer
+  operands: activations rounded to a per-sample power-of-two grid and weights to integers, small
+  enough that every partial sum is an integer below 2^52. Such a sum is exact in any order, with
+  or without FMA, so the kernel's choices cannot show.
+
+Subnormal numbers never arise (exp saturates at +-EXP_LIMIT), so flush-to-zero settings that
+some libraries switch on cannot show either.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+F64 = torch.float64
+
+EXP_LIMIT = 700.0  # exp(+-700) ~ 1e+-304: far from overflow and from subnormal results
+_LN2_HI = 6.93147180369123816490e-01  # fdlibm's split of ln 2: LN2_HI has 32 trailing zero bits,
+_LN2_LO = 1.90821492927058770002e-10  # so k * LN2_HI is exact for |k| < 2^21
+_INV_LN2 = 1.44269504088896338700e+00
+# pi/2 in three 33-bit pieces (fdlibm): k * piece is exact for |k| < 2^20
+_PIO2 = (1.57079632673412561417e+00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
+_PIO2_REST = 8.47842766036889956997e-32
+_TWO_OVER_PI = 6.36619772367581382433e-01
+TRIG_LIMIT = float(2 ** 20)  # |x| above this: sin/cos of the clamped argument (a deterministic garbage value)
+
+
+def _horner(x: Tensor, coeffs: list[float]) -> Tensor:
+    """c0 + x (c1 + x (c2 + ...)), coeffs from c0; one multiply and one add per term, unfused."""
+    p = torch.full_like(x, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = p * x + c
+    return p
+
+
+_EXP_TAYLOR = [1.0 / math.factorial(n) for n in range(14)]       # |r| <= ln2/2: error < 5e-18
+_EXPM1_TAYLOR = [1.0 / math.factorial(n + 1) for n in range(17)]  # expm1(x)/x, |x| <= 1/2
+_ATANH_SERIES = [1.0 / (2 * n + 1) for n in range(12)]           # atanh(s)/s in s^2, |s| <= 0.1716
+_SIN_TAYLOR = [(-1) ** n / math.factorial(2 * n + 1) for n in range(10)]  # in r^2, |r| <= pi/4
+_COS_TAYLOR = [(-1) ** n / math.factorial(2 * n) for n in range(10)]
+
+
+def pow2(k: Tensor) -> Tensor:
+    """2.0 ** k for integer-valued k in [-1022, 1023], built from its bits (exact)."""
+    return ((k.to(torch.int64) + 1023) << 52).view(F64)
+
+
+def exp(x: Tensor) -> Tensor:
+    """e^x (x clamped to [-EXP_LIMIT, EXP_LIMIT]); NaN stays NaN."""
+    x = x.to(F64).clamp(-EXP_LIMIT, EXP_LIMIT)
+    k = torch.round(x * _INV_LN2)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    return _horner(r, _EXP_TAYLOR) * pow2(k)
+
+
+def expm1(x: Tensor) -> Tensor:
+    """e^x - 1, accurate near 0."""
+    x = x.to(F64)
+    small = x.abs() <= 0.5
+    xs = torch.where(small, x, torch.zeros_like(x))
+    return torch.where(small, xs * _horner(xs, _EXPM1_TAYLOR), exp(x) - 1.0)
+
+
+def _atanh_small(s: Tensor) -> Tensor:
+    """2 atanh(s) for |s| <= 0.1716 (log((1 + s) / (1 - s)))."""
+    return 2.0 * s * _horner(s * s, _ATANH_SERIES)
+
+
+_MANT = (1 << 52) - 1
+_SQRT2 = math.sqrt(2.0)
+_TINY = 2.0 ** -1022
+
+
+def log(x: Tensor) -> Tensor:
+    """Natural log; log(0) = -inf, log(x < 0) = NaN, log(inf) = inf."""
+    x = x.to(F64)
+    xc = torch.where((x >= _TINY) & (x < math.inf), x, torch.ones_like(x))
+    bits = xc.view(torch.int64)
+    e = (bits >> 52) - 1023
+    m = ((bits & _MANT) | (1023 << 52)).view(F64)  # in [1, 2)
+    big = m > _SQRT2
+    m = torch.where(big, m * 0.5, m)               # in (0.707, 1.414]: |s| <= 0.1716
+    e = (e + big.to(torch.int64)).to(F64)
+    s = (m - 1.0) / (m + 1.0)
+    out = e * _LN2_HI + (_atanh_small(s) + e * _LN2_LO)
+    out = torch.where(x == 0, torch.full_like(x, -math.inf), out)
+    out = torch.where((x > 0) & (x < _TINY), torch.full_like(x, math.log(_TINY)), out)  # no subnormals
+    out = torch.where(x == math.inf, x, out)
+    return torch.where((x < 0) | torch.isnan(x), torch.full_like(x, math.nan), out)
+
+
+def log1p(x: Tensor) -> Tensor:
+    """log(1 + x), accurate near 0."""
+    x = x.to(F64)
+    small = (x > -0.29) & (x < 0.41)  # there |x / (2 + x)| <= 0.1716
+    xs = torch.where(small, x, torch.zeros_like(x))
+    return torch.where(small, _atanh_small(xs / (2.0 + xs)), log(1.0 + x))
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return 1.0 / (1.0 + exp(-x.to(F64)))
+
+
+def softplus(x: Tensor) -> Tensor:
+    """log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)."""
+    x = x.to(F64)
+    return x.clamp(min=0.0) + log1p(exp(-x.abs()))
+
+
+def tanh(x: Tensor) -> Tensor:
+    x = x.to(F64)
+    em = expm1(-2.0 * x.abs())  # in (-1, 0]
+    y = -em / (2.0 + em)
+    return torch.where(x < 0, -y, y)
+
+
+def _reduce_pio2(x: Tensor) -> tuple[Tensor, Tensor]:
+    """r, q with x = q pi/2 + r, |r| <= ~pi/4, q mod 4 as int64."""
+    x = x.to(F64).clamp(-TRIG_LIMIT, TRIG_LIMIT)
+    k = torch.round(x * _TWO_OVER_PI)
+    r = ((x - k * _PIO2[0]) - k * _PIO2[1]) - k * _PIO2[2]
+    r = r - k * _PIO2_REST
+    return r, k.to(torch.int64) & 3
+
+
+def _sin_cos_reduced(r: Tensor) -> tuple[Tensor, Tensor]:
+    r2 = r * r
+    return r * _horner(r2, _SIN_TAYLOR), _horner(r2, _COS_TAYLOR)
+
+
+def sin(x: Tensor) -> Tensor:
+    r, q = _reduce_pio2(x)
+    s, c = _sin_cos_reduced(r)
+    return torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
+
+
+def cos(x: Tensor) -> Tensor:
+    r, q = _reduce_pio2(x)
+    s, c = _sin_cos_reduced(r)
+    return torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
+
+
+def asinh(x: Tensor) -> Tensor:
+    """asinh(x) = sign(x) log1p(|x| + x^2 / (1 + sqrt(1 + x^2)))."""
+    x = x.to(F64)
+    a = x.abs()
+    y = log1p(a + a * a / (1.0 + torch.sqrt(1.0 + a * a)))
+    return torch.where(x < 0, -y, y)
+
+
+# --- fixed-order sums -------------------------------------------------------------------------
+def tree_sum(x: Tensor, dim: int = -1) -> Tensor:
+    """Sum over `dim` by pairwise halving: the order depends only on the length."""
+    x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    if n == 0:
+        return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    while n > 1:
+        if n % 2:
+            x = torch.cat([x, torch.zeros_like(x[..., :1])], -1)
+            n += 1
+        x = x[..., : n // 2] + x[..., n // 2:]
+        n //= 2
+    return x[..., 0]
+
+
+def seq_sum(x: Tensor, dim: int) -> Tensor:
+    """Left-to-right sum over a short `dim` (a few mixture components)."""
+    x = x.movedim(dim, 0)
+    out = x[0]
+    for i in range(1, x.shape[0]):
+        out = out + x[i]
+    return out
+
+
+# --- exact integer sums in library kernels ----------------------------------------------------
+SUM_BITS = 52  # every partial sum of an exact product stays below 2^SUM_BITS (integer units)
+WEIGHT_BITS = 23  # weights as integers below 2^23 (a step of 2^-23 of the largest): 3e-6 off the float64 net
+
+
+def exponent(v: Tensor) -> Tensor:
+    """The smallest integer e with |v| < 2^e (0 for v = 0), exactly (frexp)."""
+    return torch.frexp(v.to(F64))[1].to(torch.int64)
+
+
+def _per_sample(v: Tensor, ndim: int) -> Tensor:
+    return v.reshape((-1,) + (1,) * (ndim - 1))
+
+
+def integer_weights(w: Tensor) -> tuple[Tensor, int, int]:
+    """(w_int float64, shift, e_l1): w ~= w_int * 2^-shift with |w_int| < 2^WEIGHT_BITS, and every
+    output's sum of |w_int| below 2^e_l1."""
+    w = w.detach().to("cpu", F64)
+    shift = WEIGHT_BITS - int(exponent(w.abs().max()))
+    w_int = torch.round(w * 2.0 ** shift)
+    l1 = w_int.abs().reshape(w_int.shape[0], -1).sum(1).max()  # exact: integers far below 2^53
+    return w_int, shift, int(exponent(l1))
+
+
+def to_grid(a: Tensor, budget_bits: Tensor | int) -> tuple[Tensor, Tensor]:
+    """Round every sample of `a` to the grid 2^-g, g chosen per sample so that its largest value
+    has at most `budget_bits` bits: returns (integers, g). Per sample, so that neither the batch
+    nor its padding can change a sample's result."""
+    g = (torch.as_tensor(budget_bits) - exponent(abs_max(a))).clamp(-1000, 1000)
+    return (a * _per_sample(pow2(g), a.dim())).round_(), g
+
+
+def abs_max(a: Tensor) -> Tensor:
+    """max |a| per sample (exact), without an |a| copy."""
+    if not a.numel():
+        return torch.zeros(a.shape[0], dtype=a.dtype)
+    flat = a.reshape(a.shape[0], -1)
+    return torch.maximum(-flat.amin(1), flat.amax(1))  # two plain reductions: faster than aminmax
+
+
+class ExactConv:
+    """conv2d (or linear, for 2-D inputs) with integer operands: bit-exact on any machine."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, stride: int = 1, padding: int = 0):
+        self.w_int, self.shift, self.e_l1 = integer_weights(weight)
+        self.bias = None if bias is None else bias.detach().to("cpu", F64)
+        self.stride, self.padding = stride, padding
+
+    @classmethod
+    def of(cls, m: torch.nn.Module) -> "ExactConv":
+        if isinstance(m, torch.nn.Conv2d):
+            return cls(m.weight, m.bias, m.stride[0], m.padding[0])
+        return cls(m.weight, m.bias)
+
+    def __call__(self, a: Tensor) -> Tensor:
+        # the activations' grid leaves SUM_BITS - e_l1 bits: every partial sum < 2^SUM_BITS
+        a_int, g = to_grid(a, SUM_BITS - self.e_l1)
+        if a.dim() == 4:
+            y = F.conv2d(a_int, self.w_int, None, self.stride, self.padding)
+        else:
+            y = F.linear(a_int, self.w_int)
+        y.mul_(_per_sample(pow2(-(g + self.shift)), y.dim()))  # exact: a power of two
+        if self.bias is not None:
+            y.add_(self.bias.view(1, -1, 1, 1) if y.dim() == 4 else self.bias)
+        return y
+
+
+def bmm_grids(a: Tensor, b: Tensor, a_sum_bound: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-sample grid exponents (ga, gb) of `exact_bmm`'s operands: every partial sum of
+    round(a 2^ga) @ round(b 2^gb) is an integer below 2^SUM_BITS.
+
+    a_sum_bound: an upper bound (per sample) on sum_k |a[n, p, k]| for every row, when one is
+    known (rows of attention weights sum to 1); otherwise K max|a| is used."""
+    n, _, k = a.shape
+    ea, eb = exponent(abs_max(a)), exponent(abs_max(b))
+    if a_sum_bound is None:
+        # sum_k |a_int||b_int| < K 2^(ea + ga) 2^(eb + gb): split the budget between the two grids
+        budget = SUM_BITS - int(math.ceil(math.log2(max(k, 1))))
+        ga = (budget - ea - eb + 1) // 2
+        return ga, budget - ea - eb - ga
+    # sum_k |a_int| <= 2^ga a_sum_bound + K/2 < 2^(e_s + ga + 1) once 2^ga > K: a's grid only has
+    # to resolve the values; b gets the rest of the budget
+    ga = torch.full_like(ea, max(26, int(math.ceil(math.log2(max(k, 1)))) + 1))
+    return ga, SUM_BITS - (exponent(a_sum_bound) + ga + 1) - eb
+
+
+def exact_bmm(a: Tensor, b: Tensor, a_sum_bound: Tensor | None = None) -> Tensor:
+    """Batched a @ b ([N, P, K] x [N, K, Q]) with both operands on per-sample integer grids
+    (`bmm_grids`): the same bits from any matrix-product kernel."""
+    ga, gb = bmm_grids(a, b, a_sum_bound)
+    a_int = torch.round(a * _per_sample(pow2(ga), 3))
+    b_int = torch.round(b * _per_sample(pow2(gb), 3))
+    return torch.bmm(a_int, b_int) * _per_sample(pow2(-(ga + gb)), 3)
+
+
+# --- numpy front ends -------------------------------------------------------------------------
+def np_fn(fn):
+    """The numpy version of one of the functions above (float64 in, float64 out)."""
+    def wrapped(a):
+        arr = np.asarray(a, dtype=np.float64)
+        return fn(torch.from_numpy(np.ascontiguousarray(arr))).numpy().reshape(arr.shape)
+    wrapped.__name__ = f"np_{fn.__name__}"
+    return wrapped
+
+
+def floor_pow2(v: np.ndarray) -> np.ndarray:
+    """The largest power of two <= v (v > 0), from the exponent bits: exact."""
+    _, e = np.frexp(np.asarray(v, dtype=np.float64))  # v = f 2^e, f in [0.5, 1)
+    return np.ldexp(1.0, e - 1)
+
+
+def linspace(a: float, b: float, n: int) -> np.ndarray:
+    """n points from a to b (both exact): a + i * ((b - a) / (n - 1)), one rounding per operation."""
+    if n == 1:
+        return np.array([float(a)])
+    step = (float(b) - float(a)) / (n - 1)
+    out = float(a) + np.arange(n, dtype=np.float64) * step
+    out[-1] = b
+    return out
+
+
+# --- the arithmetic of the schedules ----------------------------------------------------------
+class Ops:
+    """The elementwise functions that SDE coefficients and step schedules use, on torch tensors
+    and numpy arrays alike. NATIVE: torch's and numpy's own (training, evaluation, and files of
+    the machine-bound "float32" arithmetic, whose numbers must not move); EXACT: this module's."""
+
+    def __init__(self, name: str, exact: bool):
+        self.name, self.exact = name, exact
+
+    def _apply(self, x, native_np, native_torch, exact_fn):
+        if isinstance(x, np.ndarray) or np.isscalar(x):
+            return np_fn(exact_fn)(x) if self.exact else native_np(x)
+        return exact_fn(x) if self.exact else native_torch(x)
+
+    def exp(self, x):
+        return self._apply(x, np.exp, torch.exp, exp)
+
+    def expm1(self, x):
+        return self._apply(x, np.expm1, torch.expm1, expm1)
+
+    def log(self, x):
+        return self._apply(x, np.log, torch.log, log)
+
+    def log1p(self, x):
+        return self._apply(x, np.log1p, torch.log1p, log1p)
+
+    def asinh(self, x):
+        return self._apply(x, np.arcsinh, torch.asinh, asinh)
+
+    def softplus(self, x):
+        return self._apply(x, lambda a: np.logaddexp(0.0, a), F.softplus, softplus)
+
+    def rsqrt(self, x):
+        """1/sqrt(x): torch.rsqrt natively (a fast approximation on some builds), 1.0 / sqrt exactly."""
+        if self.exact:
+            return 1.0 / (np.sqrt(x) if isinstance(x, np.ndarray) else torch.sqrt(x))
+        return 1.0 / np.sqrt(x) if isinstance(x, np.ndarray) else torch.rsqrt(x)
+
+    def linspace(self, a: float, b: float, n: int) -> Tensor:
+        if self.exact:
+            return torch.from_numpy(linspace(a, b, n))
+        return torch.linspace(a, b, n, dtype=F64)
+
+    def floor_pow2(self, v: np.ndarray) -> np.ndarray:
+        return floor_pow2(v) if self.exact else 2.0 ** np.floor(np.log2(v))
+
+    def __repr__(self) -> str:
+        return f"Ops({self.name!r})"
+
+
+NATIVE = Ops("native", exact=False)
+EXACT = Ops("exact", exact=True)

@@ -1,0 +1,264 @@
+"""exactmath and the exact network forwards: accurate, and the same bits whatever kernels run them.
+
+The cross-machine property is tested by changing, in a subprocess, everything that differs
+between machines and that this machine can change: the ATen kernels' instruction set
+(ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA), MKL's code path (MKL_CBWR), numpy's SIMD
+loops (NPY_DISABLE_CPU_FEATURES) and the thread count. The float32 network's outputs change under
+those settings (the negative control); the exact ones must not.
+"""
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scoreflow_codec import exactmath as em
+from scoreflow_codec import zoo
+from scoreflow_codec.dequant import DequantConfig, VariationalDequantizer
+from scoreflow_codec.models import presets
+from scoreflow_codec.models.exact import ExactDequantizer, ExactScoreModel, silu
+
+F64 = torch.float64
+ULP = torch.finfo(F64).eps
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a - b).abs() / (b.abs() * ULP).clamp(min=1e-300)).max())
+
+
+@pytest.mark.parametrize("name, fn, ref, lo, hi", [
+    ("exp", em.exp, torch.exp, -700, 700),
+    ("expm1", em.expm1, torch.expm1, -40, 40),
+    ("log", em.log, torch.log, 1e-300, 1e300),
+    ("log1p", em.log1p, torch.log1p, -0.999, 50),
+    ("sigmoid", em.sigmoid, torch.sigmoid, -40, 40),
+    ("tanh", em.tanh, torch.tanh, -20, 20),
+    ("sin", em.sin, torch.sin, -5000, 5000),
+    ("cos", em.cos, torch.cos, -5000, 5000),
+    ("asinh", em.asinh, torch.asinh, -1e6, 1e6),
+])
+def test_functions_are_within_a_few_ulp(name, fn, ref, lo, hi):
+    g = torch.Generator().manual_seed(1)
+    if name == "log":
+        x = torch.exp(torch.empty(100_000, dtype=F64).uniform_(math.log(lo), math.log(hi), generator=g))
+    else:
+        x = torch.empty(100_000, dtype=F64).uniform_(lo, hi, generator=g)
+        x = torch.cat([x, torch.linspace(-1e-3, 1e-3, 2001, dtype=F64).clamp(lo, hi)])  # near zero
+    tol = 4.0 if name not in ("sin", "cos") else 16.0  # sin/cos: a few ulp of the reduced argument
+    if name in ("sin", "cos"):
+        # near their zeros the relative error is the argument's ulp over the value: compare absolutely
+        assert float((fn(x) - ref(x)).abs().max()) < 1e-12
+    else:
+        assert _ulps(fn(x), ref(x)) <= tol
+
+
+def test_softplus_and_special_values():
+    x = torch.tensor([-800.0, -50.0, -1.0, 0.0, 1.0, 30.0, 800.0], dtype=F64)
+    ref = torch.tensor([math.log1p(math.exp(v)) if v < 30 else v + math.log1p(math.exp(-v)) for v in x.tolist()],
+                       dtype=F64)
+    assert _ulps(em.softplus(x)[1:], ref[1:]) <= 4
+    assert 0 < float(em.softplus(x)[0]) <= math.exp(-em.EXP_LIMIT) * 1.000001  # saturated, never subnormal
+    assert em.log(torch.tensor([0.0], dtype=F64)).item() == -math.inf
+    assert math.isnan(em.log(torch.tensor([-1.0], dtype=F64)).item())
+    assert em.log(torch.tensor([math.inf], dtype=F64)).item() == math.inf
+    assert em.exp(torch.tensor([-1e4, 1e4], dtype=F64)).tolist() == [math.exp(-em.EXP_LIMIT), math.exp(em.EXP_LIMIT)] \
+        or _ulps(em.exp(torch.tensor([-1e4, 1e4], dtype=F64)),
+                 torch.tensor([math.exp(-em.EXP_LIMIT), math.exp(em.EXP_LIMIT)], dtype=F64)) <= 2
+    assert em.sigmoid(torch.tensor([-1e4], dtype=F64)).item() > 0  # no subnormals, no exact 0 from exp
+
+
+@pytest.mark.parametrize("fn", [em.exp, em.log1p, em.sigmoid, em.tanh, em.sin, em.expm1])
+def test_elementwise_results_do_not_depend_on_layout(fn):
+    """Vectorized bodies and scalar tails, strided views and single elements: the same bits (no
+    operation is fused or reordered by how torch splits the work)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.empty(1003, dtype=F64).uniform_(-0.9, 20, generator=g)
+    whole = fn(x)
+    one_by_one = torch.stack([fn(x[i:i + 1])[0] for i in range(0, 1003, 7)])
+    assert torch.equal(whole[::7], one_by_one)
+    assert torch.equal(fn(x[1::2]), whole[1::2])
+    assert torch.equal(fn(x.reshape(17, 59).t()).t().reshape(-1), whole)
+
+
+def test_tree_sum_is_the_pairwise_order():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 37, dtype=F64, generator=g) * torch.logspace(-8, 8, 37, dtype=F64)
+
+    def pairwise(v: list[float]) -> float:  # Python floats: one IEEE rounding per +
+        while len(v) > 1:
+            if len(v) % 2:
+                v = v + [0.0]
+            h = len(v) // 2
+            v = [a + b for a, b in zip(v[:h], v[h:])]
+        return v[0]
+
+    assert em.tree_sum(x).tolist() == [pairwise(r) for r in x.tolist()]
+    assert em.tree_sum(x.t(), dim=0).tolist() == [pairwise(r) for r in x.tolist()]
+
+
+def _int_conv_reference(a_int: np.ndarray, w_int: np.ndarray, stride: int, padding: int) -> np.ndarray:
+    """conv2d in int64 (exact by construction)."""
+    n, c, h, w = a_int.shape
+    o, _, k, _ = w_int.shape
+    ap = np.pad(a_int, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    ho, wo = (h + 2 * padding - k) // stride + 1, (w + 2 * padding - k) // stride + 1
+    out = np.zeros((n, o, ho, wo), dtype=np.int64)
+    for i in range(k):
+        for j in range(k):
+            patch = ap[:, :, i:i + stride * ho:stride, j:j + stride * wo:stride]  # [n, c, ho, wo]
+            out += np.einsum("nchw,oc->nohw", patch, w_int[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_exact_conv_is_the_integer_convolution(stride):
+    g = torch.Generator().manual_seed(4)
+    conv = torch.nn.Conv2d(6, 5, 3, stride=stride, padding=1)
+    with torch.no_grad():
+        conv.weight.mul_(40.0)  # large weights: the activation grid shrinks to keep sums exact
+    ex = em.ExactConv.of(conv)
+    a = torch.randn(3, 6, 9, 10, dtype=F64, generator=g) * torch.tensor([1.0, 1e-3, 300.0])[:, None, None, None]
+    a_int, gexp = em.to_grid(a, em.SUM_BITS - ex.e_l1)
+    ref = _int_conv_reference(a_int.numpy().astype(np.int64), ex.w_int.numpy().astype(np.int64), stride, 1)
+    assert np.abs(ref).max() < 2 ** em.SUM_BITS
+    got = F.conv2d(a_int, ex.w_int, None, stride, 1)
+    assert np.array_equal(got.numpy().astype(np.int64), ref)
+    # and the scaled result is close to the float64 convolution
+    y = ex(a)
+    assert torch.allclose(y, F.conv2d(a, conv.weight.double(), conv.bias.double(), stride, 1), rtol=1e-5, atol=1e-5 * 300)
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_exact_bmm_is_the_integer_product(bounded):
+    g = torch.Generator().manual_seed(5)
+    b = torch.randn(2, 300, 4, dtype=F64, generator=g) * torch.tensor([1.0, 1e3], dtype=F64)[:, None, None]
+    if bounded:  # rows of attention weights: sums of 1
+        a, bound = torch.softmax(3 * torch.randn(2, 7, 300, dtype=F64, generator=g), -1), torch.ones(2, dtype=F64)
+    else:
+        a, bound = torch.randn(2, 7, 300, dtype=F64, generator=g) * 50, None
+    ga, gb = em.bmm_grids(a, b, bound)
+    a_int = torch.round(a * em.pow2(ga)[:, None, None]).numpy().astype(np.int64)
+    b_int = torch.round(b * em.pow2(gb)[:, None, None]).numpy().astype(np.int64)
+    ref = np.matmul(a_int, b_int)  # int64: exact
+    # every partial sum stays below the limit: the float64 product is this integer product
+    assert (np.abs(a_int).astype(float) @ np.abs(b_int).astype(float) < 2.0 ** em.SUM_BITS).all()
+    y = em.exact_bmm(a, b, bound)
+    scale = em.pow2(-(ga + gb))[:, None, None].numpy()
+    assert np.array_equal(y.numpy(), ref.astype(np.float64) * scale)
+    # and close to the float64 product, relative to the operands' scale: each operand keeps about
+    # (52 - log2 K) / 2 = 21 bits here (2^-21 = 5e-7); a bounded a leaves b about 25
+    err = (y - a @ b).abs().amax((1, 2)) / ((a.abs() @ b.abs()).amax((1, 2)))
+    assert float(err.max()) < (4e-6 if not bounded else 2e-7)
+
+
+def test_silu_table():
+    x = torch.linspace(-60, 60, 200_001, dtype=F64)
+    assert float((silu(x) - x * torch.sigmoid(x)).abs().max()) < 3e-8 * 60
+
+
+def _tiny_unet(seed=0):
+    torch.manual_seed(seed)
+    model, dq = presets.build("tiny")
+    with torch.no_grad():  # the zero-initialised output convs would make the test trivial
+        for p in list(model.parameters()) + list(dq.parameters()):
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval(), dq.eval()
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_exact_score_model_matches_the_float64_network(size):
+    model, _ = _tiny_unet()
+    ex = ExactScoreModel(model)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 3, size, size, dtype=F64, generator=g)
+    for t in (1e-5, 0.1, 0.9):
+        tt = torch.full((3,), t, dtype=F64)
+        with torch.no_grad():
+            ref = model.double()(x, tt)
+            model.float()
+        out = ex(x, tt)
+        assert float((out - ref).abs().max()) < 1e-5 * max(1.0, float(ref.abs().max()))
+        # per sample: the batch and its padding cannot change a sample's bits
+        assert torch.equal(ex(x[1:2], tt[1:2]), out[1:2])
+
+
+def test_exact_dequantizer_matches_the_network():
+    _, dq = _tiny_unet()
+    ex = ExactDequantizer(dq)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(0, 256, (2, 3, 8, 8), generator=g).to(torch.uint8)
+    u = torch.rand(2, 3, 8, 8, dtype=F64, generator=g)
+    for grp in range(dq.num_groups):
+        with torch.no_grad():
+            ref = dq.double().group_mixture(x, u, grp)
+            dq.float()
+        got = ex.group_mixture(x, u, grp)
+        for a, b in zip(got, ref):
+            assert float((a - b).abs().max()) < 1e-5
+
+
+# --- the cross-machine property -------------------------------------------------------------
+KERNEL_ENVS = {
+    "aten-default": {"ATEN_CPU_CAPABILITY": "default"},
+    "onednn-sse41+mkl-compatible+2-threads": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE",
+                                              "SFC_TEST_THREADS": "2"},
+    "numpy-no-simd": {"NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512_SKX AVX2 FMA3 AVX"},
+}
+
+_PROBE = textwrap.dedent("""
+    import hashlib, json, os, sys
+    import numpy as np, torch
+    torch.set_num_threads(int(os.environ.get("SFC_TEST_THREADS", "1")))
+    from scoreflow_codec import exactmath as em, zoo
+    from scoreflow_codec.models.exact import ExactScoreModel, ExactDequantizer
+    m = zoo.load_model("cifar10")
+    # inputs from integers scaled by powers of two: torch.randn and torch.linspace themselves
+    # differ between kernels (linspace fuses a multiply-add in its AVX2 kernel)
+    rng = np.random.default_rng(8)
+    ints = lambda *shape: torch.from_numpy(rng.integers(-2**20, 2**20, shape).astype(np.float64))
+    x = ints(2, 3, 32, 32) * 2.0 ** -19
+    t = torch.tensor([0.02, 0.6], dtype=torch.float64)
+    h = lambda v: hashlib.sha256(np.ascontiguousarray(v.detach().numpy()).tobytes()).hexdigest()
+    out = {}
+    with torch.no_grad():
+        out["float32"] = h(m.model(x.float(), t.float()))
+    out["exact"] = h(ExactScoreModel(m.model)(x, t))
+    xu = torch.from_numpy(rng.integers(0, 256, (2, 3, 32, 32)).astype(np.uint8))
+    u = (ints(2, 3, 32, 32) + 2**20) * 2.0 ** -21
+    out["exact_dequant"] = h(torch.cat(ExactDequantizer(m.dequantizer).group_mixture(xu, u, 1)))
+    z = ints(20001) * 2.0 ** -15
+    out["functions"] = h(torch.stack([f(z) for f in (em.exp, em.expm1, em.log1p, em.sigmoid, em.tanh, em.sin, em.cos, em.softplus)]))
+    out["numpy_functions"] = h(torch.from_numpy(np.stack([em.np_fn(em.exp)(z.numpy()), em.np_fn(em.log)(z.numpy() + 31)])))
+    print(json.dumps(out))
+""")
+
+
+def _probe(env_extra: dict) -> dict:
+    env = {**os.environ, **env_extra}
+    r = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def probes():
+    return {"here": _probe({}), **{w: _probe(env) for w, env in KERNEL_ENVS.items()}}
+
+
+@pytest.mark.parametrize("which", list(KERNEL_ENVS))
+def test_exact_outputs_do_not_depend_on_the_kernels(which, probes):
+    for k in ("exact", "exact_dequant", "functions", "numpy_functions"):
+        assert probes[which][k] == probes["here"][k], f"{k} changed under {which}"
+
+
+def test_the_float32_network_does_depend_on_them(probes):
+    """The negative control: without exact arithmetic some kernel switch moves the outputs."""
+    changed = [w for w in KERNEL_ENVS if probes[w]["float32"] != probes["here"]["float32"]]
+    assert changed, "no kernel switch changed the float32 outputs: the cross-kernel tests above prove nothing here"
