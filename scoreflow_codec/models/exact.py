@@ -21,7 +21,7 @@ from .. import exactmath as em
 from ..dequant import VariationalDequantizer, _Res
 from ..pixels import to_model
 from .precond import ScoreModel
-from .unet import AttnBlock, Down, ResBlock, UNet, Up
+from .unet import AttnBlock, Down, ResBlock, UNet, Up, traverse
 
 Tensor = torch.Tensor
 F64 = torch.float64
@@ -186,17 +186,7 @@ class ExactUNet:
             raise ValueError(f"H and W must be multiples of {k}; got {tuple(x.shape[-2:])}")
         temb = self.temb1(silu(self.temb0(self._embedding(noise_cond.to(F64)))))
         temb_act = silu(temb)  # every ResBlock's embedding projection takes silu(temb)
-        h = self.conv_in(x)
-        hs = [h]
-        for blocks in self.down:
-            for b in blocks:
-                h = b(h, temb_act)
-            hs.append(h)
-        for b in self.mid:
-            h = b(h, temb_act)
-        for j, blocks in enumerate(self.up):
-            for b in blocks:
-                h = b(torch.cat([h, hs.pop()], dim=1), temb_act) if j % 2 == 0 else b(h, temb_act)
+        h = traverse(self.conv_in(x), temb_act, self.down, self.mid, self.up)
         return self.conv_out(silu(self.norm_out(h)))
 
 

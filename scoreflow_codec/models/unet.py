@@ -233,20 +233,26 @@ class UNet(nn.Module):
         if x.shape[-1] % k or x.shape[-2] % k:
             raise ValueError(f"H and W must be multiples of {k}; got {tuple(x.shape[-2:])}")
         temb = self.temb(self.embed(noise_cond.to(x.dtype)))
-        h = self.conv_in(x)
-        hs = [h]
-        for blocks in self.down:
-            for b in blocks:
-                h = b(h, temb)
-            hs.append(h)
-        for b in self.mid:
-            h = b(h, temb)
-        for j, blocks in enumerate(self.up):
-            for b in blocks:
-                # even entries are the resblock stacks that take skips; odd ones the attn/upsample tail
-                h = b(torch.cat([h, hs.pop()], dim=1), temb) if j % 2 == 0 else b(h, temb)
-        assert not hs
+        h = traverse(self.conv_in(x), temb, self.down, self.mid, self.up)
         return self.conv_out(F.silu(self.norm_out(h)))
+
+
+def traverse(h, temb, down, mid, up):
+    """The U-Net's path from conv_in's output to norm_out's input, with the skip connections:
+    blocks are callables b(h, temb) (this module's, or models/exact.py's)."""
+    hs = [h]
+    for blocks in down:
+        for b in blocks:
+            h = b(h, temb)
+        hs.append(h)
+    for b in mid:
+        h = b(h, temb)
+    for j, blocks in enumerate(up):
+        for b in blocks:
+            # even entries are the resblock stacks that take skips; odd ones the attn/upsample tail
+            h = b(torch.cat([h, hs.pop()], dim=1), temb) if j % 2 == 0 else b(h, temb)
+    assert not hs
+    return h
 
 
 def count_parameters(m: nn.Module) -> int:
