@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="all | classical | scoreflow | comma list, e.g. png,webp,scoreflow "
                         f"(classical: {', '.join(classical.BY_NAME)})")
     p.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra keyword for api.compress (repeatable), e.g. steps=64; fallback=false: "
+                   help="extra keyword for api.compress (repeatable), e.g. steps=64; fallback=off: "
                         "the files are the model's stream even where the seed codec alone is smaller")
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     p.add_argument("--threads", type=int, default=None,

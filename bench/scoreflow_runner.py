@@ -1,9 +1,10 @@
 """Every call the benchmark makes into scoreflow-codec, in one place.
 
 Uses exactly ``zoo.load_model``, ``api.compress_arrays``, ``api.decompress_arrays`` and
-``api.evaluate_images``. Files are made as `sfcodec compress` makes them: with the seed-codec
-fallback (``--setting fallback=false`` for the model's stream only); every row also gives the
-model's stream (model_bpd), the seed codec alone (seed_bpd) and which of them the file is. If the library API is missing this fails with ``ScoreflowError``
+``api.evaluate_images``. Files are made with the seed-codec fallback "both": the smaller of the
+model's stream and the seed codec alone, as `sfcodec compress` writes them, except that the
+model's stream is always coded (``--setting fallback=off``: the model's stream only); every row
+gives the model's stream (model_bpd), the seed codec alone (seed_bpd) and which the file is. If the library API is missing this fails with ``ScoreflowError``
 ("scoreflow_codec.api not available ..."); it never reports an estimate as a size.
 """
 from __future__ import annotations
@@ -160,7 +161,7 @@ def _code(images, api, model, mode, device, settings) -> dict:
     dims = sum(img.size for img in images)
     try:
         t0 = time.perf_counter()
-        data, rep = api.compress_arrays(images, model, mode=mode, device=device, **{"fallback": True, **settings})
+        data, rep = api.compress_arrays(images, model, mode=mode, device=device, **{"fallback": "both", **settings})
         t1 = time.perf_counter()
         out = api.decompress_arrays(data, model=model, device=device)
         t2 = time.perf_counter()
@@ -169,7 +170,7 @@ def _code(images, api, model, mode, device, settings) -> dict:
                 "encode_s": None, "decode_s": None, "lossless": False, "error": f"{type(e).__name__}: {e}"}
     lossless = len(out) == len(images) and all(map(_same, out, images))
     return {"nbytes": len(data), "bpd": 8 * len(data) / dims,
-            "model_bpd": 8 * rep.model_bytes / dims,
+            "model_bpd": None if rep.model_bytes is None else 8 * rep.model_bytes / dims,
             "seed_bpd": None if rep.seed_bytes is None else 8 * rep.seed_bytes / dims,
             "coded_by": rep.coded_by, "encode_s": t1 - t0,
             "decode_s": t2 - t1, "lossless": lossless,

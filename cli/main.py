@@ -105,7 +105,7 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
 
 
 def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool,
-            fallback: bool = True, arith: str = "exact64"):
+            fallback: str = "auto", arith: str = "exact64"):
     """api.compress with the CLI's options (steps, tile, fallback) and an encode progress bar -> (data, report)."""
     from scoreflow_codec import api, zoo
 
@@ -123,6 +123,9 @@ def _coded_by(rep) -> str:
         return f"model's stream{seed}"
     if rep.model_bytes is not None and rep.model_bytes != rep.file_bytes:
         return f"seed codec alone, smaller than the model's stream ({8 * rep.model_bytes / rep.num_dims:.3f} bits/dim)"
+    if rep.model_bytes is None and rep.model_estimate_bpd is not None:
+        return (f"seed codec alone; the model's stream was not coded: the model's bound, "
+                f"{rep.model_estimate_bpd:.3f} bits/dim, is above this file's (--fallback both codes it anyway)")
     return "seed codec alone"
 
 
@@ -152,10 +155,12 @@ TILE_OPTION = click.option("--tile", type=click.IntRange(8, 256), default=None,
 MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both smaller and about 10x faster); "
              "ode: the probability-flow ODE (the paper's likelihood; slow on a CPU).")
 FALLBACK_OPTION = click.option(
-    "--fallback/--no-fallback", default=True, show_default=True,
-    help="Also code the images with the package's classical seed codec alone and keep that file where it "
-         "is smaller than the model's (the model's stream is coded either way; decoding needs the model "
-         "named in the file all the same).")
+    "--fallback", type=click.Choice(["auto", "both", "off"]), default="auto", show_default=True,
+    help="Also code the images with the package's classical seed codec alone and keep the smaller file. "
+         "auto: the model's stream is coded only if the model's bound (seconds to estimate) is not above the "
+         "seed codec's file; both: always code both; off: the model's stream only. Decoding needs the model "
+         "named in the file either way.")
+NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
 ARITH_OPTION = click.option(
     "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,
     help="exact64: every number that drives the coder is computed bit-exactly, so any machine decodes the "
@@ -178,9 +183,10 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
               help="Decode before declaring success. Default: on where cheap (small inputs or chain mode).")
 @ARITH_OPTION
 @FALLBACK_OPTION
+@NO_FALLBACK_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, force, quiet):
+def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, force, quiet):
     """Compress one or more images into one .sfc file."""
     from scoreflow_codec import api, images
 
@@ -190,7 +196,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
         src.meta.setdefault("name", p.name)
     m = _load_model(model, device, [s.size for s in sources])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, "off" if no_fallback else fallback, arith)
     enc_s = time.perf_counter() - t0
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
@@ -307,16 +313,17 @@ def info(input, as_json):
 @click.option("--device", default="cpu", show_default=True)
 @ARITH_OPTION
 @FALLBACK_OPTION
+@NO_FALLBACK_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, arith, fallback, as_json, quiet):
+def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, as_json, quiet):
     """Compress and decompress in memory, check the pixels are identical, report size and time."""
     from scoreflow_codec import api, images
 
     sources = [images.load_image(p) for p in inputs]
     m = _load_model(model, device, [s.size for s in sources])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, "off" if no_fallback else fallback, arith)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick)
@@ -324,6 +331,7 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, as_json, q
     api.check_identical(sources, back)
     out = {"images": len(sources), "bytes": len(data), "bpd": rep.bpd, "mode": mode, "model": m.name,
            "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
+           "model_estimate_bpd": rep.model_estimate_bpd,
            "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True}
     if as_json:
         click.echo(json.dumps(out))

@@ -94,8 +94,9 @@ class CompressReport:
     seconds: float
     stream: stream.StreamReport
     settings: dict = field(default_factory=dict)
-    model_bytes: int | None = None  # the file the model's stream makes
-    seed_bytes: int | None = None   # the file the seed codec alone makes (compress(fallback=True))
+    model_bytes: int | None = None  # the file the model's stream makes (None: not coded)
+    seed_bytes: int | None = None   # the file the seed codec alone makes (compress(fallback=...))
+    model_estimate_bpd: float | None = None  # fallback "auto": the model's bound that decided
 
     @property
     def coded_by(self) -> str:
@@ -144,16 +145,22 @@ def _shapes(sources: list[imgs.SourceImage]):
 def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
-             track: bool = False, fallback: bool = False, arith: str = DEFAULT_ARITH) -> tuple[bytes, CompressReport]:
+             track: bool = False, fallback: bool | str = False, arith: str = DEFAULT_ARITH) -> tuple[bytes, CompressReport]:
     """Code images with a loaded model into .sfc bytes.
 
     arith: "exact64" (the default), every number that parametrizes a coder computed in exactmath's
     arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x
     faster), whose files decode only where the kernels are the same (the machine type that made them).
 
-    fallback: also code the images with the classical seed codec alone, whole images as single
-    tiles (stream.seed_only_settings), and return that file where it is smaller. The model's
-    stream is coded either way; the report gives both sizes (model_bytes, seed_bytes)."""
+    fallback: "off" (or False), the model's stream; "both", also the classical seed codec alone,
+    whole images as single tiles (stream.seed_only_settings), returning the smaller file, with both
+    sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
+    then the model's stream only if the model's bound (FALLBACK_N_T time samples, the float32
+    network: seconds, where the stream takes minutes) is not FALLBACK_MARGIN_BPD above that file's
+    bits/dim (colour images without other planes; others are coded both ways)."""
+    fallback = {False: "off", True: "auto"}.get(fallback, fallback)
+    if fallback not in ("off", "auto", "both"):
+        raise SfcError(f"unknown fallback {fallback!r}; expected off, auto or both")
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
@@ -176,13 +183,6 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     except TypeError as e:
         raise SfcError(f"{e}; use arith='float32'") from None
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
-    try:
-        with deterministic_torch():
-            payload, fields, rep = stream.encode(images, codec, ss, progress, track)
-    except ValueError as e:
-        # a coder refused a value: the solver left the range it can code (steps far too few)
-        hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
-        raise SfcError(f"encoding failed ({e}); {hint}") from None
     head = {
         "codec": __version__,
         "model": {"name": model.name, "sha256": model.sha256},
@@ -195,19 +195,50 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     meta = {str(i): s.meta for i, s in enumerate(sources) if s.meta}
     if meta:
         head["meta"] = meta
-    data = _pack(head, settings, ss, payload, fields)
-    model_bytes, seed_bytes = len(data), None
-    if fallback:
+    dims = sum(s.num_dims for s in sources)
+    best = None  # (data, payload, stream report) of the smaller file so far
+    seed_bytes = estimate = None
+    if fallback != "off":
         alt_ss = stream.seed_only_settings([im.color_shape for im in images])
         alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss)
-        alt = _pack(head, settings, alt_ss, alt_payload, alt_fields)
-        seed_bytes = len(alt)
-        if len(alt) < len(data):
-            data, payload, rep = alt, alt_payload, alt_rep
-    dims = sum(s.num_dims for s in sources)
+        best = (_pack(head, settings, alt_ss, alt_payload, alt_fields), alt_payload, alt_rep)
+        seed_bytes = len(best[0])
+        if fallback == "auto":
+            estimate = estimate_model_bpd(sources, model, ss.tile, device)
+    model_bytes = None
+    if estimate is None or estimate <= 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD:
+        try:
+            with deterministic_torch():
+                payload, fields, rep = stream.encode(images, codec, ss, progress, track)
+        except ValueError as e:
+            # a coder refused a value: the solver left the range it can code (steps far too few)
+            hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
+            raise SfcError(f"encoding failed ({e}); {hint}") from None
+        data = _pack(head, settings, ss, payload, fields)
+        model_bytes = len(data)
+        if best is None or model_bytes <= len(best[0]):
+            best = (data, payload, rep)
+    data, payload, rep = best
     report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
-                            rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes)
+                            rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes,
+                            estimate)
     return data, report
+
+
+FALLBACK_N_T = 16          # time samples of the bound that decides fallback "auto"
+FALLBACK_MARGIN_BPD = 0.05  # the model's stream is coded unless its bound is this far above the seed file
+
+
+def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu") -> float | None:
+    """The model's bound in bits/dim over these images' colour planes, with the float32 network
+    (an estimate, never reported as a size), or None where some image is not plain RGB (grey,
+    alpha and palettes go partly through the seed codec in the model's stream too)."""
+    if not all(s.color is not None and s.color.shape[0] == 3 and s.extra is None for s in sources):
+        return None
+    rows = evaluate_images([np.ascontiguousarray(s.color.transpose(1, 2, 0)) for s in sources], model, device,
+                           ode=False, n_t=FALLBACK_N_T, tile=tile)
+    dims = [s.num_dims for s in sources]
+    return float(np.dot([r["bound_bpd"] for r in rows], dims) / sum(dims))
 
 
 def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict) -> bytes:

@@ -1,5 +1,7 @@
-"""compress(fallback=True): the file is whichever of the model's stream and the classical seed
-codec alone (whole images as single tiles) is smaller, and either decodes through the same path."""
+"""compress(fallback=...): the file is whichever of the model's stream and the classical seed
+codec alone (whole images as single tiles) is smaller, and either decodes through the same path.
+"both" codes both; "auto" (the CLI's default) skips the model's stream where the model's bound is
+above the seed codec's file."""
 import numpy as np
 import pytest
 import torch
@@ -38,7 +40,7 @@ def _gradient(h=40, w=72) -> np.ndarray:
 def _both(model, arr):
     src = [images.from_array(arr)]
     alone, rep0 = api.compress(src, model, "ode", SETTINGS)
-    data, rep = api.compress(src, model, "ode", SETTINGS, fallback=True)
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="both")
     assert rep0.seed_bytes is None and rep0.model_bytes == len(alone)
     # the model's stream is coded the same way with or without the fallback
     assert rep.model_bytes == len(alone)
@@ -69,10 +71,33 @@ def test_several_images_and_no_colour(model):
     """A gray image (no colour planes) and two sizes in one file: every image is one tile."""
     srcs = [images.from_array(_gradient()), images.from_array(_gradient(20, 30)[..., 0]),
             images.from_array(_gradient(9, 7)[..., :1].repeat(3, -1))]
-    data, rep = api.compress(srcs, model, "ode", SETTINGS, fallback=True)
+    data, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="both")
     assert rep.coded_by == "seed"
     assert container.unpack(data)[0]["fields"]["n_tiles"] == 3
     api.check_identical(srcs, api.decompress(data, model))
+
+
+def test_auto_skips_the_model_only_where_its_bound_is_above_the_seed_file(model):
+    """In distribution the model's bound is far below the seed codec: both are coded and the
+    model's file is kept. A ramp: its bound is far above, so the model's stream is never coded
+    and the file is the seed codec's, the same bytes as "both" writes."""
+    src = [images.from_array(_in_distribution(model))]
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
+    assert rep.model_estimate_bpd < 8 * rep.seed_bytes / rep.num_dims and rep.coded_by == "model"
+    assert data == api.compress(src, model, "ode", SETTINGS)[0]
+    ramp = [images.from_array(_gradient())]
+    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True)  # True is "auto"
+    assert rep.model_bytes is None and rep.coded_by == "seed"
+    assert rep.model_estimate_bpd > 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
+    assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
+    api.check_identical(ramp, api.decompress(data, model))
+
+
+def test_auto_codes_both_where_it_cannot_estimate(model):
+    """A grey image has no RGB planes to take the bound of: "auto" codes both, like "both"."""
+    srcs = [images.from_array(_gradient()[..., 0])]
+    _, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto")
+    assert rep.model_estimate_bpd is None and rep.model_bytes is not None and rep.seed_bytes is not None
 
 
 def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatch, model):
@@ -82,13 +107,15 @@ def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatc
     Image.fromarray(_gradient(96, 128)).save(png)
     runner = CliRunner()
     files = {}
-    for flag in ("", "--no-fallback"):
+    for flag in ("", "--fallback=both", "--no-fallback"):
         out = tmp_path / f"ramp{flag}.sfc"
         r = runner.invoke(cli_main.cli, ["compress", str(png), "-o", str(out), "--steps", "32", "--mode", "ode"]
                           + ([flag] if flag else []))
         assert r.exit_code == 0, r.output
         files[flag] = out.read_bytes()
-        assert ("smaller than the model's stream" in r.output) == (flag == ""), r.output
+        assert ("the model's stream was not coded" in r.output) == (flag == ""), r.output
+        assert ("smaller than the model's stream" in r.output) == (flag == "--fallback=both"), r.output
+    assert files[""] == files["--fallback=both"]
     # the model's stream puts a ramp in 32px seed tiles (the seed bits of one tile cannot pay for a
     # model batch); the fallback codes it as one 128px tile, which is smaller
     assert container.unpack(files[""])[0]["stream"] == {"tile": 128, "max_batch": 1}
