@@ -218,6 +218,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         model_bytes = len(data)
         if best is None or model_bytes <= len(best[0]):
             best = (data, payload, rep)
+    elif progress:  # the model's stream was skipped: its work is done
+        progress(compress_work_units(sources, model, mode, settings, ss))
     data, payload, rep = best
     report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
                             rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes,

@@ -86,8 +86,10 @@ def test_auto_skips_the_model_only_where_its_bound_is_above_the_seed_file(model)
     assert rep.model_estimate_bpd < 8 * rep.seed_bytes / rep.num_dims and rep.coded_by == "model"
     assert data == api.compress(src, model, "ode", SETTINGS)[0]
     ramp = [images.from_array(_gradient())]
-    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True)  # True is "auto"
+    ticks = []
+    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, progress=ticks.append)  # True: "auto"
     assert rep.model_bytes is None and rep.coded_by == "seed"
+    assert sum(ticks) == api.compress_work_units(ramp, model, "ode", SETTINGS)  # the bar completes
     assert rep.model_estimate_bpd > 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
     assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
     api.check_identical(ramp, api.decompress(data, model))
