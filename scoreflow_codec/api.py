@@ -188,7 +188,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         "model": {"name": model.name, "sha256": model.sha256},
         "mode": mode,
         "setup": {"device": _device_class(device), "dtype": arith, "micro_batch": micro_batch,
-                  "torch": torch.__version__, "threads": torch.get_num_threads()},
+                  "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "constriction": _constriction_version()},
         "images": _describe_images(sources),
         "crc32": _images_crc(sources),
     }
@@ -404,6 +405,9 @@ def check_setup(h: dict, model, device: str) -> None:
             f"file was made with model {h['model'].get('name', '?')} (sha256 {h['model']['sha256'][:12]}...), "
             f"not {model.name} (sha256 {model.sha256[:12]}...); pass --model with the right one")
     setup = h["setup"]
+    if setup.get("constriction", _constriction_version()) != _constriction_version():
+        log.warning("file was encoded with constriction %s, this is %s: decoding may fail its CRC check",
+                    setup.get("constriction"), _constriction_version())
     if setup.get("dtype") not in ARITHMETICS:
         raise ModelMismatchError(f"file was encoded in {setup.get('dtype')} arithmetic; this release knows "
                                  f"{' and '.join(ARITHMETICS)} only and cannot reproduce it")
@@ -427,6 +431,14 @@ def _why(h: dict) -> str:
         return "; the file is corrupt (its arithmetic is exact: any machine decodes an intact file)"
     return (f"; the file is corrupt, or this machine does not reproduce the encoder's arithmetic (encoded on "
             f"{st['device']} with torch {st['torch']}, {st['threads']} thread(s), micro-batch {st['micro_batch']})")
+
+
+def _constriction_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("constriction")
+    except PackageNotFoundError:  # an unusual install: nothing to compare
+        return "unknown"
 
 
 def _check_arith(arith: str, device: str) -> None:

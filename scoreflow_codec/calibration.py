@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import exactmath as em
 from . import pixels
 
 
@@ -53,7 +54,7 @@ def interpolate(table: dict | None, lam: np.ndarray) -> np.ndarray:
     lam = np.asarray(lam, dtype=np.float64)
     if not table:
         return np.zeros_like(lam)
-    return np.interp(lam, np.asarray(table["log_snr"], dtype=np.float64), np.asarray(table["mse"], dtype=np.float64))
+    return em.interp(lam, np.asarray(table["log_snr"], dtype=np.float64), np.asarray(table["mse"], dtype=np.float64))
 
 
 # Density floor of `step_grid`, relative to c's scale (at most 1/16): keeps steps finite where
@@ -75,17 +76,18 @@ def step_grid(table: dict | None, lam_lo: float, lam_hi: float, n: int, floor: f
     """n increasing log-SNRs from lam_lo to lam_hi (both exact), dense where the chain's excess is.
 
     Without a table (m = 0) c is 0 everywhere and the grid is uniform in log-SNR. Encoder and
-    decoder must build the same grid: it takes only interpolation, +, *, / and sqrt on float64,
-    and is rounded to multiples of 2^-20 so that a last-bit difference in how some numpy
-    version orders those operations cannot move it.
+    decoder must build the same grid: it takes only +, *, / and sqrt on float64, unfused
+    (exactmath.interp and linspace, numpy's cumsum, diff and gradient, which are separate ufuncs
+    or sequential loops), and is rounded to multiples of 2^-20, which makes a last-bit difference
+    from another numpy version unlikely to move it (about 1e-7 per point), not impossible.
     """
     if n < 2:
         raise ValueError("a step grid needs at least 2 points")
-    lam = np.linspace(lam_lo, lam_hi, 4097)
+    lam = em.linspace(lam_lo, lam_hi, 4097)
     m = interpolate(table, lam)
     c = np.maximum(m * (1.0 - m) - np.gradient(m, lam), 0.0) / 4.0
     dens = np.sqrt(c + floor)
     cdf = np.concatenate([[0.0], np.cumsum(0.5 * (dens[1:] + dens[:-1]) * np.diff(lam))])
-    grid = np.round(np.interp(np.linspace(0.0, 1.0, n), cdf / cdf[-1], lam) * 2.0 ** 20) / 2.0 ** 20
+    grid = np.round(em.interp(em.linspace(0.0, 1.0, n), cdf / cdf[-1], lam) * 2.0 ** 20) / 2.0 ** 20
     grid[0], grid[-1] = lam_lo, lam_hi
     return grid

@@ -88,6 +88,7 @@ def _atanh_small(s: Tensor) -> Tensor:
 _MANT = (1 << 52) - 1
 _SQRT2 = math.sqrt(2.0)
 _TINY = 2.0 ** -1022
+_LOG_TINY = -1022 * 0.6931471805599453  # log(2^-1022), a literal: no libm call
 
 
 def log(x: Tensor) -> Tensor:
@@ -103,7 +104,7 @@ def log(x: Tensor) -> Tensor:
     s = (m - 1.0) / (m + 1.0)
     out = e * _LN2_HI + (_atanh_small(s) + e * _LN2_LO)
     out = torch.where(x == 0, torch.full_like(x, -math.inf), out)
-    out = torch.where((x > 0) & (x < _TINY), torch.full_like(x, math.log(_TINY)), out)  # no subnormals
+    out = torch.where((x > 0) & (x < _TINY), torch.full_like(x, _LOG_TINY), out)  # no subnormals
     out = torch.where(x == math.inf, x, out)
     return torch.where((x < 0) | torch.isnan(x), torch.full_like(x, math.nan), out)
 
@@ -259,6 +260,10 @@ class ExactConv:
         return y
 
 
+def _ceil_log2(k: int) -> int:
+    return max(int(k) - 1, 0).bit_length()
+
+
 def bmm_grids(a: Tensor, b: Tensor, a_sum_bound: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-sample grid exponents (ga, gb) of `exact_bmm`'s operands: every partial sum of
     round(a 2^ga) @ round(b 2^gb) is an integer below 2^SUM_BITS.
@@ -269,12 +274,12 @@ def bmm_grids(a: Tensor, b: Tensor, a_sum_bound: Tensor | None = None) -> tuple[
     ea, eb = exponent(abs_max(a)), exponent(abs_max(b))
     if a_sum_bound is None:
         # sum_k |a_int||b_int| < K 2^(ea + ga) 2^(eb + gb): split the budget between the two grids
-        budget = SUM_BITS - int(math.ceil(math.log2(max(k, 1))))
+        budget = SUM_BITS - _ceil_log2(k)
         ga = (budget - ea - eb + 1) // 2
         return ga, budget - ea - eb - ga
     # sum_k |a_int| <= 2^ga a_sum_bound + K/2 < 2^(e_s + ga + 1) once 2^ga > K: a's grid only has
     # to resolve the values; b gets the rest of the budget
-    ga = torch.full_like(ea, max(26, int(math.ceil(math.log2(max(k, 1)))) + 1))
+    ga = torch.full_like(ea, max(26, _ceil_log2(k) + 1))
     return ga, SUM_BITS - (exponent(a_sum_bound) + ga + 1) - eb
 
 
@@ -301,6 +306,20 @@ def floor_pow2(v: np.ndarray) -> np.ndarray:
     """The largest power of two <= v (v > 0), from the exponent bits: exact."""
     _, e = np.frexp(np.asarray(v, dtype=np.float64))  # v = f 2^e, f in [0.5, 1)
     return np.ldexp(1.0, e - 1)
+
+
+def interp(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """np.interp (xp increasing; constant beyond the ends), as separate ufuncs: numpy computes
+    slope * (x - xp[j]) + fp[j] in one C expression that compilers may fuse into a multiply-add
+    (aarch64 builds do; x86 ones do not). The same formula unfused: np.interp's bits on x86."""
+    x = np.asarray(x, dtype=np.float64)
+    xp, fp = np.asarray(xp, dtype=np.float64), np.asarray(fp, dtype=np.float64)
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    out = slope * (x - xp[j])
+    out = out + fp[j]
+    out = np.where(x == xp[j], fp[j], out)
+    return np.where(x <= xp[0], fp[0], np.where(x >= xp[-1], fp[-1], out))
 
 
 def linspace(a: float, b: float, n: int) -> np.ndarray:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import calibration
+from . import exactmath as em
 from .sde import SDE
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -44,7 +45,7 @@ def time_grid(sde: SDE, steps: int, t_start: float | None = None, t_end: float |
         ts = sde.t_from_log_snr(lams).numpy()
         ts[0], ts[-1] = t0, t1  # exact end points despite round-off in the inverse
     elif schedule == "uniform":
-        ts = np.linspace(t0, t1, steps + 1)
+        ts = em.linspace(t0, t1, steps + 1) if sde.ops.exact else np.linspace(t0, t1, steps + 1)
     else:
         raise ValueError(f"unknown schedule {schedule!r} (logsnr | uniform | calibrated)")
     if not np.all(np.diff(ts) > 0):

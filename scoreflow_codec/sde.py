@@ -241,7 +241,7 @@ class VESDE(SDE):
         return self.ops.log1p(self.ops.exp(-lam - 2.0 * self.log_smin)) / (2.0 * self.log_r)
 
     def prior_std(self):
-        return math.sqrt(self.smax**2 - self.smin**2)
+        return math.sqrt(self.smax * self.smax - self.smin * self.smin)  # no pow(): libm's may differ
 
 
 def make_sde(config: SDEConfig | dict | None = None) -> SDE:

@@ -104,7 +104,7 @@ def test_header_records_the_setup(encoded, exact_file, model):
     h = api.read_header(encoded)
     assert h["model"] == {"name": model.name, "sha256": model.sha256}
     assert h["setup"] == {"device": "cpu", "dtype": "float32", "micro_batch": 8, "threads": 1,
-                          "torch": torch.__version__}
+                          "torch": torch.__version__, "constriction": api._constriction_version()}
     assert api.read_header(exact_file)["setup"]["dtype"] == "exact64"  # the default
     assert h["mode"] == "chain" and h["settings"] == {**SETTINGS, "schedule": "calibrated"}
     assert h["fields"]["n_tiles"] == 2 and h["fields"]["n_seed"] == 1  # one tile goes through the net
@@ -235,6 +235,13 @@ def test_mismatched_setup_is_refused(encoded, model, tmp_path):
     with pytest.raises(ModelMismatchError, match="sha256") as e:
         api.decompress(encoded, other)
     assert "tiny-0" in str(e.value) and "tiny-1" in str(e.value)
+
+
+def test_other_constriction_version_warns(exact_file, model, source, caplog):
+    with caplog.at_level(logging.WARNING, logger="scoreflow_codec.api"):
+        back = api.decompress(_repack(exact_file, constriction="0.4.1"), model)
+    assert any("constriction 0.4.1" in r.getMessage() for r in caplog.records)
+    api.check_identical([source], back)
 
 
 def test_other_torch_version_warns_then_checks_pixels(encoded, model, source, caplog):

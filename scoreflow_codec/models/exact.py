@@ -46,7 +46,7 @@ class _SiluTable:
 
     def __call__(self, x: Tensor) -> Tensor:
         u = x.clamp(-SIG_RANGE, SIG_RANGE).mul_(float(2 ** SIG_STEP_BITS)).add_(SIG_RANGE * 2 ** SIG_STEP_BITS)
-        i = u.floor()
+        i = u.nan_to_num_(0.0).floor()  # a NaN index is undefined (x86 and ARM differ); y stays NaN below
         f = u.sub_(i)
         i = i.to(torch.int64).reshape(-1)
         y = self.slope.index_select(0, i).view(x.shape).mul_(f)
@@ -165,6 +165,10 @@ class ExactUNet:
         self.kind = net.embed.kind
         self.embed_scale = float(net.embed.scale)
         self.W = net.embed.W.detach().to("cpu", F64)
+        if self.kind == "positional":  # not saved with the weights: rebuilt exactly, in float32 as the net has it
+            k = torch.arange(self.W.shape[0], dtype=F64)
+            log_1e4 = em.log(torch.tensor(10000.0, dtype=F64))
+            self.W = em.exp(-log_1e4 * k / max(self.W.shape[0] - 1, 1)).to(torch.float32).to(F64)
         self.temb0, self.temb1 = em.ExactConv.of(net.temb[0]), em.ExactConv.of(net.temb[2])
         self.conv_in, self.conv_out = em.ExactConv.of(net.conv_in), em.ExactConv.of(net.conv_out)
         self.down = [[_block(b) for b in blocks] for blocks in net.down]
