@@ -10,6 +10,7 @@ other jobs on a shared machine.
 """
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import time
@@ -179,24 +180,24 @@ def _avif_encode(img: np.ndarray) -> bytes:
 _SEED_HEADER = struct.Struct(">IIB")  # height, width, channels
 
 
-def _seed_encode(img: np.ndarray) -> bytes:
+def _seed_encode(img: np.ndarray, version: int | None = None) -> bytes:
     """scoreflow-codec's own classical codec, the one that codes a stream's first tiles (no model)."""
     from scoreflow_codec.coding.ans import Message
-    from scoreflow_codec.coding.seed_codec import seed_codec
+    from scoreflow_codec.coding.seed_codec import LATEST, seed_codec
 
     planes = np.ascontiguousarray((img[..., None] if img.ndim == 2 else img).transpose(2, 0, 1))
     m = Message()
-    seed_codec(planes.shape).push(m, planes)
+    seed_codec(planes.shape, version or LATEST).push(m, planes)
     return _SEED_HEADER.pack(planes.shape[1], planes.shape[2], planes.shape[0]) + m.words().astype("<u4").tobytes()
 
 
-def _seed_decode(data: bytes) -> np.ndarray:
+def _seed_decode(data: bytes, version: int | None = None) -> np.ndarray:
     from scoreflow_codec.coding.ans import Message
-    from scoreflow_codec.coding.seed_codec import seed_codec
+    from scoreflow_codec.coding.seed_codec import LATEST, seed_codec
 
     h, w, c = _SEED_HEADER.unpack_from(data)
     m = Message(np.frombuffer(data, dtype="<u4", offset=_SEED_HEADER.size).astype(np.uint32))
-    return seed_codec((c, h, w)).pop(m).transpose(1, 2, 0)
+    return seed_codec((c, h, w), version or LATEST).pop(m).transpose(1, 2, 0)
 
 
 CODECS: list[ClassicalCodec] = [
@@ -218,8 +219,10 @@ CODECS: list[ClassicalCodec] = [
                    frozenset({3, 4}), "QOI"),
     ClassicalCodec("avif", "libavif quality=lossless, RGB as identity matrix 4:4:4, threads=1",
                    _avif_encode, _ic("avif_decode", numthreads=1), frozenset({1, 3, 4}), "AVIF"),
-    ClassicalCodec("sfc-seed", "scoreflow-codec's classical seed codec (no model): wavefront "
-                   "predictor blend + adaptive ANS, 9-byte header", _seed_encode, _seed_decode),
+    ClassicalCodec("sfc-seed", "scoreflow-codec's classical seed codec (no model), the latest version: "
+                   "wavefront predictor blend + adaptive ANS, 9-byte header", _seed_encode, _seed_decode),
+    ClassicalCodec("sfc-seed-1", "the seed codec's version 1 (files before 0.3.0)",
+                   functools.partial(_seed_encode, version=1), functools.partial(_seed_decode, version=1)),
 ]
 BY_NAME = {c.name: c for c in CODECS}
 

@@ -298,10 +298,11 @@ def info(input, as_json):
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
     if api.seed_only(f):
-        click.echo(f"stream:    the seed codec alone (classical), {f['n_tiles']} tile(s) of up to {ss['tile']}px")
+        click.echo(f"stream:    the seed codec alone (classical, version {ss['seed']}), {f['n_tiles']} tile(s) "
+                   f"of up to {ss['tile']}px")
     else:
-        click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles, "
-                   f"batching={ss['batching']}")
+        click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles "
+                   f"(seed codec version {ss['seed']}), batching={ss['batching']}")
 
 
 @cli.command()

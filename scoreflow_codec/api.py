@@ -44,7 +44,8 @@ FORMAT_DEFAULTS = {
     "ode": {"steps": 128, "lattice_bits": 8, "sigma_ratio": 4.0, "fp_iters": 2, "fp_max": 30,
             "fp_tol": 0.01, "fp_stall": 0.7, "schedule": "logsnr", "trace_probe": "rademacher"},
     "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated"},
-    "stream": {"tile": 32, "n_seed": None, "batching": "growth", "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None},
+    "stream": {"tile": 32, "n_seed": None, "batching": "growth", "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None,
+               "seed": 1},
 }
 
 
@@ -252,9 +253,10 @@ def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.nda
         # a seed-only stream leaves out the mode's settings: they cannot change its decoding, and
         # the header weighs most on such files (one small image)
         "settings": {} if so else _non_default(settings, FORMAT_DEFAULTS[head["mode"]]),
-        # and of the stream's, all but the tile size (the tile count depends on it) and max_batch
-        # (the decoder bounds max_batch x tile^2; a whole-image tile comes with max_batch 1)
-        "stream": _non_default({"tile": ss.tile, "max_batch": ss.max_batch} if so else ss.to_dict(),
+        # and of the stream's, all but the tile size (the tile count depends on it), max_batch
+        # (the decoder bounds max_batch x tile^2; a whole-image tile comes with max_batch 1) and
+        # the seed codec's version
+        "stream": _non_default({"tile": ss.tile, "max_batch": ss.max_batch, "seed": ss.seed} if so else ss.to_dict(),
                                FORMAT_DEFAULTS["stream"]),
         "fields": fields,
         **{k: v for k, v in head.items() if k not in ("codec", "model", "mode")},
@@ -318,7 +320,7 @@ _SETTING_RULES = {
     "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "batching": stream.BATCHINGS,
                "growth": (_NUM, 0, 1e6),
                "max_batch": (_INT, 1, MAX_MICRO_BATCH * 64), "fill_std": (_NUM, 1e-3, 1e3),
-               "pad_words": (_INT, 0, MAX_PAD_WORDS)},
+               "pad_words": (_INT, 0, MAX_PAD_WORDS), "seed": (_INT, 1, max(stream.SEED_VERSIONS))},
     "setup": {"micro_batch": (_INT, 1, MAX_MICRO_BATCH), "threads": (_INT, 1, MAX_THREADS)},
     "fields": {"n_seed": (_INT, 0, None), "n_tiles": (_INT, 0, None), "pad_words": (_INT, 0, MAX_PAD_WORDS),
                "pad_stripped": (_INT, 0, MAX_PAD_WORDS)},

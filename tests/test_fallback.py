@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from scoreflow_codec import api, container, images
+from scoreflow_codec.coding.seed_codec import LATEST as LATEST_SEED
 
 from coding_models import gaussian_images, loaded_gaussian
 
@@ -61,7 +62,7 @@ def test_the_seed_codec_alone_takes_over_where_it_is_smaller(model):
     assert rep.coded_by == "seed" and rep.seed_bytes < rep.model_bytes
     header, _ = container.unpack(data)
     # one tile for the whole 40x72 image, one tile per batch, and none of the mode's settings
-    assert header["stream"] == {"tile": 72, "max_batch": 1} and header["settings"] == {}
+    assert header["stream"] == {"tile": 72, "max_batch": 1, "seed": LATEST_SEED} and header["settings"] == {}
     assert header["fields"]["n_tiles"] == header["fields"]["n_seed"] == 1
     # its codelength is what the report predicted, to the 32-bit word
     assert abs(rep.payload_bits - rep.predicted_bits) <= 32 * 4
@@ -120,6 +121,6 @@ def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatc
     assert files[""] == files["--fallback=both"]
     # the model's stream puts a ramp in 32px seed tiles (the seed bits of one tile cannot pay for a
     # model batch); the fallback codes it as one 128px tile, which is smaller
-    assert container.unpack(files[""])[0]["stream"] == {"tile": 128, "max_batch": 1}
-    assert container.unpack(files["--no-fallback"])[0]["stream"] == {}
+    assert container.unpack(files[""])[0]["stream"] == {"tile": 128, "max_batch": 1, "seed": LATEST_SEED}
+    assert container.unpack(files["--no-fallback"])[0]["stream"] == {"seed": LATEST_SEED}
     assert len(files[""]) < len(files["--no-fallback"])

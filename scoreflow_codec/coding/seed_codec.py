@@ -18,6 +18,24 @@ vectorized):
   is coded as a categorical over 0..255: the histogram window around the prediction.
 * A constant plane costs one flag and its value.
 
+Version 2 (VERSIONS; the stream header's `seed` setting, 1 where absent) adds, on the same
+predictions:
+* Channel order G, R, B (then alpha): green carries the most of the luminance, so it is the best
+  reference for the gradient transfer to the others.
+* Bins from the errors at N, W (weight 2), NW, NE, WW, NN.
+* Bias cancellation (CALIC): per (bin, texture) context, the running mean of the blend's error
+  (sum and count, halved at BIAS_HALVE, shrunk toward 0 by BIAS_SHRINK) corrects the prediction.
+  Texture: the signs of N, W, NW, NE, WW, NN minus the prediction and, for c > 0, of the previous
+  channel's error at this pixel. Errors beyond BIAS_MAX_ERR (edges) stay out of it: with them in,
+  two-level images (masks, text) cost 60% more than in version 1.
+* Sub-pixel symmetry: the corrected prediction p + f/8 is coded around the nearest integer, and
+  where that lies above it (f >= 4) the residual is mirrored, so one histogram per bin learns the
+  skew toward the prediction's fractional part.
+Measured against version 1 (ideal codelengths): Kodak 01, 03, 05, 13, 20, 23 whole 2.967 against
+3.007 bits/dim, the first 100 CIFAR-10 test images 3.893 against 3.916, 256x256 crops of the 12
+misc images 3.827 against 3.904; synthetic two-level images (a disc, stripes, sparse dots) 3% to
+6% larger. Encode and decode about 30% slower.
+
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
@@ -46,6 +64,12 @@ INC = 64  # count added per coded pixel
 FILL = 128  # value of the missing neighbours of the first pixel
 _WEIGHT_ONE = 1 << 40
 _CHUNK = 8192
+VERSIONS = (1, 2)
+LATEST = 2
+BIAS_SHRINK = 8   # version 2: the bias is sum / (count + this): a few pixels do not move it far
+BIAS_HALVE = 128  # version 2: counts halve here, so the bias follows the image
+BIAS_MAX_ERR = 40  # version 2: errors beyond 5 pixel values (edges) stay out of the bias
+_N_TEX = 7        # version 2: texture bits of the bias context
 
 # Per-bin prior: two-sided geometric theta**|r| with theta = THETA / 2**16; row 0 for the first
 # channel, row 1 for channels predicted from earlier ones. From `calibrate` on the first 400
@@ -117,16 +141,22 @@ def _subpredictors(v: np.ndarray) -> np.ndarray:
     return v.T @ _SUB
 
 
+def _order(c_: int, version: int) -> list[int]:
+    """The planes' coding order: version 2 codes green first."""
+    return [1, 0, 2] + list(range(3, c_)) if version >= 2 and c_ >= 3 else list(range(c_))
+
+
 class _State:
     """Planes and per-pixel errors so far; every array has a sentinel slot at index n."""
 
-    def __init__(self, layout: _Layout, c: int):
-        self.lay = layout
+    def __init__(self, layout: _Layout, c: int, version: int):
+        self.lay, self.version = layout, version
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
         # int32 halves the memory traffic of the neighbour gathers; errors stay below 2**15.
         self.err_sub = [np.zeros((layout.n + 1, 7 * (k + 1)), dtype=np.int32) for k in range(c)]
         self.err = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         self.own = [np.zeros((layout.n + 1, 7), dtype=np.int64) for _ in range(c)]
+        self.pred = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
 
     def inputs(self, c: int, idx: np.ndarray) -> np.ndarray:
         """Sub-predictions [n, 7 (c+1)] for channel c at pixels idx (neighbours known)."""
@@ -148,7 +178,11 @@ class _State:
         return ((wt * p).sum(axis=1) + tot // 2) // tot
 
     def bins(self, c: int, idx: np.ndarray) -> np.ndarray:
-        a = self.err[c][self.lay.nbr[:4, idx]].sum(axis=0)
+        nb, e = self.lay.nbr[:, idx], self.err[c]
+        if self.version == 1:
+            a = e[nb[:4]].sum(axis=0)
+        else:
+            a = (2 * (e[nb[0]] + e[nb[1]]) + e[nb[2]] + e[nb[3]] + e[nb[4]] + e[nb[5]]) // 2
         if c > 0:
             a = a + self.err[c - 1][idx]
         b = np.minimum(np.maximum(_bit_length((FRAC + a) ** 2) - 7, 0), N_BINS - 1)  # 2 log2(1+a/8)
@@ -158,6 +192,7 @@ class _State:
         self.x[c][idx] = x
         self.err_sub[c][idx] = np.abs(FRAC * x[:, None] - p)
         self.err[c][idx] = np.abs(FRAC * x - pred)
+        self.pred[c][idx] = pred
 
 
 def _bit_length(v: np.ndarray) -> np.ndarray:
@@ -186,11 +221,77 @@ def _prior() -> np.ndarray:
     return out
 
 
-def _analyse(planes: np.ndarray, layout: _Layout):
-    """Encoder side, all pixels at once: rounded predictions and bins per channel."""
+_TEX_WEIGHTS = 1 << np.arange(6, dtype=np.int64)
+
+
+class _Bias:
+    """Version 2's bias cancellation: the running mean error of the blend per (channel, bin, texture)."""
+
+    def __init__(self, c_: int):
+        self.s = np.zeros((c_, N_BINS << _N_TEX), dtype=np.int64)
+        self.n = np.zeros((c_, N_BINS << _N_TEX), dtype=np.int64)
+
+    @staticmethod
+    def context(st: _State, c: int, idx: np.ndarray, pred: np.ndarray, bins: np.ndarray) -> np.ndarray:
+        t = (FRAC * st.x[c][st.lay.nbr[:, idx]] > pred).T.astype(np.int64) @ _TEX_WEIGHTS
+        if c > 0:
+            t = t + ((FRAC * st.x[c - 1][idx] > st.pred[c - 1][idx]) << 6)
+        return (bins << _N_TEX) + t
+
+    def correct(self, c: int, ctx: np.ndarray, pred: np.ndarray) -> np.ndarray:
+        d = self.n[c, ctx] + BIAS_SHRINK
+        return pred + (2 * self.s[c, ctx] + d) // (2 * d)
+
+    def update(self, c: int, ctx: np.ndarray, x: np.ndarray, pred: np.ndarray) -> None:
+        e = FRAC * x - pred
+        keep = np.abs(e) <= BIAS_MAX_ERR
+        ctx = ctx[keep]
+        np.add.at(self.s[c], ctx, e[keep])
+        np.add.at(self.n[c], ctx, 1)
+        full = np.unique(ctx[self.n[c, ctx] >= BIAS_HALVE])
+        self.s[c, full] //= 2
+        self.n[c, full] //= 2
+
+
+def _centre(pred: np.ndarray, version: int) -> tuple[np.ndarray, np.ndarray]:
+    """(p, sign): the histogram is centred at p, and residuals are sign * (x - p).
+
+    Version 1: p = round(pred), sign +1. Version 2: p is the integer nearest pred; where it lies
+    above pred (fraction >= 1/2) the residual is mirrored."""
+    if version == 1:
+        return np.minimum(np.maximum((pred + FRAC // 2) // FRAC, 0), 255), np.ones_like(pred)
+    pc = np.minimum(np.maximum(pred, 0), 255 * FRAC)
+    up = (pc % FRAC >= FRAC // 2).astype(np.int64)
+    return np.minimum(pc // FRAC + up, 255), 1 - 2 * up
+
+
+def _slot(x: np.ndarray, p: np.ndarray, sign: np.ndarray) -> np.ndarray:
+    """Histogram column of x: residual sign * (x - p), offset by 255."""
+    return sign * (x - p) + 255
+
+
+def _start(p: np.ndarray, sign: np.ndarray) -> np.ndarray:
+    """First histogram column of the window of x = 0..255 (x = 0 at its end when mirrored)."""
+    return np.where(sign > 0, 255 - p, p)
+
+
+def _tables(windows: np.ndarray, bins: np.ndarray, p: np.ndarray, sign: np.ndarray) -> np.ndarray:
+    """[n, 256] float64 counts of x = 0..255: the residual histogram window around p.
+
+    windows = sliding_window_view(hist, 256, axis=1), a live view of the histogram."""
+    t = windows[bins, _start(p, sign)]
+    flip = sign < 0
+    if flip.any():
+        t[flip] = t[flip, ::-1]
+    return t.astype(np.float64)
+
+
+def _predict(planes: np.ndarray, layout: _Layout, version: int):
+    """Encoder side, all pixels at once: the planes in coding order, the blend's predictions (1/8
+    pixel) and the bins, per channel; and the state holding them."""
     c_, n = planes.shape[0], layout.n
-    st = _State(layout, c_)
-    flat = planes.reshape(c_, n).astype(np.int64)
+    st = _State(layout, c_, version)
+    flat = planes[_order(c_, version)].reshape(c_, n).astype(np.int64)
     every = np.arange(n)
     preds, bins = [], []
     for c in range(c_):
@@ -204,22 +305,42 @@ def _analyse(planes: np.ndarray, layout: _Layout):
         for idx in chunks:
             pred[idx] = st.blend(c, idx, st.inputs(c, idx))
         st.err[c][:n] = np.abs(FRAC * flat[c] - pred)
-        preds.append(np.clip((pred + FRAC // 2) // FRAC, 0, 255))
+        st.pred[c][:n] = pred
+        preds.append(pred)
         bins.append(np.concatenate([st.bins(c, idx) for idx in chunks]))
-    return flat, preds, bins
+    return flat, preds, bins, st
 
 
-def _tables(windows: np.ndarray, bins: np.ndarray, pred: np.ndarray) -> np.ndarray:
-    """[n, 256] float64 counts of x = 0..255: the residual histogram window around pred.
+def _analyse(planes: np.ndarray, layout: _Layout, version: int):
+    """Encoder side: the planes in coding order, and per channel the histogram row, centre and
+    sign of every pixel (the decoder computes the same wavefront by wavefront)."""
+    flat, preds, bins, st = _predict(planes, layout, version)
+    if version >= 2:  # the bias adapts as pixels come: run it in the decoder's order
+        bias = _Bias(len(flat))
+        corrected = [p.copy() for p in preds]
+        for idx in layout.steps:
+            for c in range(len(flat)):
+                ctx = _Bias.context(st, c, idx, preds[c][idx], bins[c][idx])
+                corrected[c][idx] = bias.correct(c, ctx, preds[c][idx])
+                bias.update(c, ctx, flat[c][idx], preds[c][idx])
+        preds = corrected
+    centres = [_centre(p, version) for p in preds]
+    return flat, bins, [cp[0] for cp in centres], [cp[1] for cp in centres]
 
-    windows = sliding_window_view(hist, 256, axis=1), a live view of the histogram."""
-    return windows[bins, 255 - pred].astype(np.float64)
+
+def _check_version(version: int) -> int:
+    if version not in VERSIONS:
+        raise ValueError(f"seed codec: unknown version {version!r} (this release has {VERSIONS})")
+    return int(version)
 
 
-def seed_codec(shape: tuple[int, int, int]) -> Codec:
-    """Codec of uint8 planes [C, H, W] (1 <= C <= 4); deterministic, no initial bits needed."""
+def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
+    """Codec of uint8 planes [C, H, W] (1 <= C <= 4); deterministic, no initial bits needed.
+    `version` 1 is the codec of files that name none; both stay decodable."""
     c_, h, w = _check_shape(shape)
+    version = _check_version(version)
     lay = _layout(h, w)
+    order = _order(c_, version)
     flags, byte = uniform(2, ()), uniform(256, ())
 
     def push(m: Message, planes: np.ndarray) -> None:
@@ -228,14 +349,14 @@ def seed_codec(shape: tuple[int, int, int]) -> Codec:
             raise ValueError(
                 f"seed codec: expected uint8 {(c_, h, w)}, got {planes.dtype} {planes.shape}"
             )
-        flat, preds, bins = _analyse(planes, lay)
+        flat, bins, centres, signs = _analyse(planes, lay, version)
         const = [bool((flat[c] == flat[c][0]).all()) for c in range(c_)]
         prior = _prior()
         hist = []
         for c in range(c_):
             hc = prior[min(c, 1)].copy()
             if not const[c]:
-                np.add.at(hc, (bins[c], flat[c] - preds[c] + 255), INC)
+                np.add.at(hc, (bins[c], _slot(flat[c], centres[c], signs[c])), INC)
             hist.append(hc)
         # A stack: push the last wavefront first; rewind each histogram to its state before it.
         windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
@@ -243,9 +364,9 @@ def seed_codec(shape: tuple[int, int, int]) -> Codec:
             for c in reversed(range(c_)):
                 if const[c]:
                     continue
-                b, p, x = bins[c][idx], preds[c][idx], flat[c][idx]
-                np.subtract.at(hist[c], (b, x - p + 255), INC)
-                _push(m, x, _CATEGORICAL, _tables(windows[c], b, p))
+                b, p, sg, x = bins[c][idx], centres[c][idx], signs[c][idx], flat[c][idx]
+                np.subtract.at(hist[c], (b, _slot(x, p, sg)), INC)
+                _push(m, x, _CATEGORICAL, _tables(windows[c], b, p, sg))
         for c in reversed(range(c_)):
             if const[c]:
                 byte.push(m, np.int64(flat[c][0]))
@@ -255,7 +376,8 @@ def seed_codec(shape: tuple[int, int, int]) -> Codec:
         const: list[int | None] = []  # the value of each constant plane, None if coded
         for _ in range(c_):
             const.append(int(byte.pop(m)) if int(flags.pop(m)) else None)
-        st = _State(lay, c_)
+        st = _State(lay, c_, version)
+        bias = _Bias(c_) if version >= 2 else None
         hist = [_prior()[min(c, 1)].copy() for c in range(c_)]
         windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
         for idx in lay.steps:
@@ -266,21 +388,29 @@ def seed_codec(shape: tuple[int, int, int]) -> Codec:
                     x = np.full(len(idx), const[c], dtype=np.int64)
                 else:
                     b = st.bins(c, idx)
-                    pr = np.minimum(np.maximum((pred + FRAC // 2) // FRAC, 0), 255)
-                    x = _pop(m, len(idx), _CATEGORICAL, _tables(windows[c], b, pr))
-                    np.add.at(hist[c], (b, x - pr + 255), INC)
+                    corrected = pred
+                    if bias is not None:
+                        ctx = _Bias.context(st, c, idx, pred, b)
+                        corrected = bias.correct(c, ctx, pred)
+                    pr, sg = _centre(corrected, version)
+                    x = _pop(m, len(idx), _CATEGORICAL, _tables(windows[c], b, pr, sg))
+                    np.add.at(hist[c], (b, _slot(x, pr, sg)), INC)
+                    if bias is not None:
+                        bias.update(c, ctx, x, pred)
                 st.record(c, idx, x, p, pred)
-        return np.stack([st.x[c][: lay.n] for c in range(c_)]).reshape(c_, h, w).astype(np.uint8)
+        out = np.empty((c_, lay.n), dtype=np.uint8)
+        out[order] = np.stack([st.x[c][: lay.n] for c in range(c_)])
+        return out.reshape(c_, h, w)
 
     return Codec(push, pop)
 
 
-def seed_bits(planes: np.ndarray) -> float:
-    """Predicted size in bits of `seed_codec(planes.shape)` on planes (float64 model)."""
+def seed_bits(planes: np.ndarray, version: int = LATEST) -> float:
+    """Predicted size in bits of `seed_codec(planes.shape, version)` on planes (float64 model)."""
     planes = np.asarray(planes)
     c_, h, w = _check_shape(planes.shape)
     lay = _layout(h, w)
-    flat, preds, bins = _analyse(planes, lay)
+    flat, bins, centres, signs = _analyse(planes, lay, _check_version(version))
     total = 0.0
     for c in range(c_):
         total += 1.0
@@ -289,24 +419,25 @@ def seed_bits(planes: np.ndarray) -> float:
             continue
         hist = _prior()[min(c, 1)].copy()
         for idx in lay.steps:
-            b, p, x = bins[c][idx], preds[c][idx], flat[c][idx]
+            b, p, sg, x = bins[c][idx], centres[c][idx], signs[c][idx], flat[c][idx]
             cum = np.concatenate([np.zeros((N_BINS, 1), np.int64), np.cumsum(hist, axis=1)], axis=1)
-            den = cum[b, 511 - p] - cum[b, 255 - p]
-            total += float(-np.log2(hist[b, x - p + 255] / den).sum())
-            np.add.at(hist, (b, x - p + 255), INC)
+            lo = _start(p, sg)
+            slot = _slot(x, p, sg)
+            total += float(-np.log2(hist[b, slot] / (cum[b, lo + 256] - cum[b, lo])).sum())
+            np.add.at(hist, (b, slot), INC)
     return total
 
 
-def calibrate(images: np.ndarray) -> np.ndarray:
+def calibrate(images: np.ndarray, version: int = 1) -> np.ndarray:
     """Mean |residual| per (channel class, bin) over uint8 images [N, H, W, C]; THETA's source."""
     s = np.zeros((2, N_BINS))
     cnt = np.zeros((2, N_BINS))
     for img in images:
         planes = np.moveaxis(img, -1, 0)
         lay = _layout(*planes.shape[1:])
-        flat, preds, bins = _analyse(planes, lay)
+        flat, bins, centres, signs = _analyse(planes, lay, version)
         for c in range(planes.shape[0]):
-            np.add.at(s[min(c, 1)], bins[c], np.abs(flat[c] - preds[c]))
+            np.add.at(s[min(c, 1)], bins[c], np.abs(flat[c] - centres[c]))
             np.add.at(cnt[min(c, 1)], bins[c], 1)
     return s / np.maximum(cnt, 1)
 

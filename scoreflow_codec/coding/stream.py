@@ -34,7 +34,7 @@ from ..errors import BadFileError
 from . import distributions as dist
 from . import tiles as T
 from .ans import Message, common_prefix_len, padding_words
-from .seed_codec import seed_bits, seed_codec
+from .seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, seed_bits, seed_codec
 
 SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
 BATCHINGS = ("bits", "growth")
@@ -62,6 +62,7 @@ class StreamSettings:
     max_batch: int = 32
     fill_std: float = 1.5
     pad_words: int | None = None  # None: sized from the deficit of the largest batch
+    seed: int = LATEST_SEED      # the seed codec's version (files that name none: 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -205,13 +206,13 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
 
     for im in images:
         if im.extra is not None:
-            seed_codec(im.extra.shape).push(m, im.extra)
-            rep.extra_bits += seed_bits(im.extra)
+            seed_codec(im.extra.shape, settings.seed).push(m, im.extra)
+            rep.extra_bits += seed_bits(im.extra, settings.seed)
     i = 0
     while i < n and (i < n_seed if n_seed is not None else need(i, i + 1) > on_stack()):
         blk = T.known_block(images[refs[i].image].color, refs[i])
-        seed_codec(blk.shape).push(m, blk)
-        rep.seed_bits += seed_bits(blk)
+        seed_codec(blk.shape, settings.seed).push(m, blk)
+        rep.seed_bits += seed_bits(blk, settings.seed)
         i += 1
     rep.n_seed = n_seed = i
     if progress is not None:
@@ -260,6 +261,8 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
         raise BadFileError("corrupt header: tile counts do not match the image sizes")
     if settings.batching not in BATCHINGS:
         raise BadFileError(f"corrupt header: unknown batching {settings.batching!r}")
+    if settings.seed not in SEED_VERSIONS:
+        raise BadFileError(f"corrupt header: unknown seed codec version {settings.seed!r}")
     pad = padding_words(pad_n)
     words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
     if len(words) == 0 or words[-1] == 0:
@@ -282,14 +285,14 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
         e = s
     for r in reversed(refs[:n_seed]):
         c = shapes[r.image][0][0]
-        blk = seed_codec((c, r.h, r.w)).pop(m)
+        blk = seed_codec((c, r.h, r.w), settings.seed).pop(m)
         colors[r.image][:, r.y0:r.y0 + r.h, r.x0:r.x0 + r.w] = blk
     if progress is not None:
         progress(codec.steps_per_batch() * n_seed)
     extras: list[np.ndarray | None] = [None] * len(shapes)
     for i in reversed(range(len(shapes))):
         if shapes[i][1] is not None:
-            extras[i] = seed_codec(tuple(shapes[i][1])).pop(m)
+            extras[i] = seed_codec(tuple(shapes[i][1]), settings.seed).pop(m)
     rest = m.words()
     if len(rest) != len(pad) or not np.array_equal(rest, pad):
         raise BadFileError("corrupt payload: the stream did not decode back to its initial state")
