@@ -209,7 +209,8 @@ KERNEL_ENVS = {
     "aten-default": {"ATEN_CPU_CAPABILITY": "default"},
     "onednn-sse41+mkl-compatible+2-threads": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE",
                                               "SFC_TEST_THREADS": "2"},
-    "numpy-no-simd": {"NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512_SKX AVX2 FMA3 AVX"},
+    "numpy-no-simd": {"NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512_SKX AVX2 FMA3 AVX",
+                      "OPENBLAS_CORETYPE": "Prescott", "OPENBLAS_NUM_THREADS": "2"},
 }
 
 _PROBE = textwrap.dedent("""
@@ -236,6 +237,14 @@ _PROBE = textwrap.dedent("""
     z = ints(20001) * 2.0 ** -15
     out["functions"] = h(torch.stack([f(z) for f in (em.exp, em.expm1, em.log1p, em.sigmoid, em.tanh, em.sin, em.cos, em.softplus)]))
     out["numpy_functions"] = h(torch.from_numpy(np.stack([em.np_fn(em.exp)(z.numpy()), em.np_fn(em.log)(z.numpy() + 31)])))
+    # the seed codec (version 2: least squares through numpy's matmul and element-wise solves)
+    from scoreflow_codec.coding.ans import Message
+    from scoreflow_codec.coding.seed_codec import seed_codec
+    yy, xx = np.mgrid[0:40, 0:48]
+    planes = np.stack([(3 * xx + 5 * yy) % 256, (xx * xx + 3 * yy) % 251, rng.integers(0, 256, (40, 48))]).astype(np.uint8)
+    msg = Message()
+    seed_codec(planes.shape, 2).push(msg, planes)
+    out["seed_v2"] = hashlib.sha256(msg.words().tobytes()).hexdigest()
     print(json.dumps(out))
 """)
 
@@ -254,7 +263,7 @@ def probes():
 
 @pytest.mark.parametrize("which", list(KERNEL_ENVS))
 def test_exact_outputs_do_not_depend_on_the_kernels(which, probes):
-    for k in ("exact", "exact_dequant", "functions", "numpy_functions"):
+    for k in ("exact", "exact_dequant", "functions", "numpy_functions", "seed_v2"):
         assert probes[which][k] == probes["here"][k], f"{k} changed under {which}"
 
 

@@ -30,6 +30,9 @@ CASES = {
     # the exact arithmetic (2026-11-25): every machine must decode them
     "photo-x1": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),  # 16 steps: a fast test
     "cifar10-x1": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.3.0 (2026-11-25): seed codec version 2, in a model stream's seed tiles and alone
+    "cifar10-x2": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    "seed-x2": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"]),
 }
 
 
