@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from scoreflow_codec.coding.ans import Message, padding_words
-from scoreflow_codec.coding.seed_codec import LATEST, VERSIONS, seed_bits, seed_codec
+from scoreflow_codec.coding.seed_codec import LATEST, VERSIONS, seed_bits, seed_codec, seed_push
 
 
 def _synthetic(c: int, h: int, w: int) -> np.ndarray:
@@ -98,6 +98,7 @@ def test_predicted_size_matches_actual(version):
     planes[1, 10:20] = np.random.default_rng(0).integers(0, 256, (10, 40))
     actual = _roundtrip(planes, pad_words=4, version=version)
     predicted = seed_bits(planes, version)
+    assert seed_push(Message(), planes, version) == predicted  # what the stream encoder adds up
     # seed_bits uses the float64 counts; the coder's 24-bit quantization adds < 1e-4 bits per
     # value, and the ANS state moves the measured size by a few bits.
     assert abs(actual - predicted) < 1e-4 * planes.size + 8

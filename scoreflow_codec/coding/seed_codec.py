@@ -63,6 +63,7 @@ from .ans import Codec, Message
 from .distributions import _pop, _push, uniform
 
 _CATEGORICAL = constriction.stream.model.Categorical(perfect=False)
+_FLAG, _BYTE = uniform(2, ()), uniform(256, ())  # a plane's constant flag and value; the least-squares flag
 
 N_BINS = 16
 FRAC = 8  # predictions are in units of 1/8 pixel
@@ -461,6 +462,43 @@ def _check_version(version: int) -> int:
     return int(version)
 
 
+def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
+    """Push uint8 planes [C, H, W] with `seed_codec(planes.shape, version)`; returns the predicted
+    size in bits (seed_bits), which the encoder has computed anyway: callers that need both do not
+    analyse the planes twice."""
+    planes = np.asarray(planes)
+    c_, h, w = _check_shape(planes.shape)
+    if planes.dtype != np.uint8:
+        raise ValueError(f"seed codec: expected uint8 planes, got {planes.dtype}")
+    lay = _layout(h, w)
+    version = _check_version(version)
+    ls, (flat, bins, centres, signs), bits = _choose(planes, lay, version)
+    const = [bool((flat[c] == flat[c][0]).all()) for c in range(c_)]
+    prior = _prior()
+    hist = []
+    for c in range(c_):
+        hc = prior[min(c, 1)].copy()
+        if not const[c]:
+            np.add.at(hc, (bins[c], _slot(flat[c], centres[c], signs[c])), INC)
+        hist.append(hc)
+    # A stack: push the last wavefront first; rewind each histogram to its state before it.
+    windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
+    for idx in reversed(lay.steps):
+        for c in reversed(range(c_)):
+            if const[c]:
+                continue
+            b, p, sg, x = bins[c][idx], centres[c][idx], signs[c][idx], flat[c][idx]
+            np.subtract.at(hist[c], (b, _slot(x, p, sg)), INC)
+            _push(m, x, _CATEGORICAL, _tables(windows[c], b, p, sg))
+    for c in reversed(range(c_)):
+        if const[c]:
+            _BYTE.push(m, np.int64(flat[c][0]))
+        _FLAG.push(m, np.int64(const[c]))
+    if version >= 2:
+        _FLAG.push(m, np.int64(ls))
+    return bits
+
+
 def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
     """Codec of uint8 planes [C, H, W] (1 <= C <= 4); deterministic, no initial bits needed.
     `version` 1 is the codec of files that name none; both stay decodable."""
@@ -468,7 +506,6 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
     version = _check_version(version)
     lay = _layout(h, w)
     order = _order(c_, version)
-    flags, byte = uniform(2, ()), uniform(256, ())
 
     def push(m: Message, planes: np.ndarray) -> None:
         planes = np.asarray(planes)
@@ -476,36 +513,13 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
             raise ValueError(
                 f"seed codec: expected uint8 {(c_, h, w)}, got {planes.dtype} {planes.shape}"
             )
-        ls, (flat, bins, centres, signs), _ = _choose(planes, lay, version)
-        const = [bool((flat[c] == flat[c][0]).all()) for c in range(c_)]
-        prior = _prior()
-        hist = []
-        for c in range(c_):
-            hc = prior[min(c, 1)].copy()
-            if not const[c]:
-                np.add.at(hc, (bins[c], _slot(flat[c], centres[c], signs[c])), INC)
-            hist.append(hc)
-        # A stack: push the last wavefront first; rewind each histogram to its state before it.
-        windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
-        for idx in reversed(lay.steps):
-            for c in reversed(range(c_)):
-                if const[c]:
-                    continue
-                b, p, sg, x = bins[c][idx], centres[c][idx], signs[c][idx], flat[c][idx]
-                np.subtract.at(hist[c], (b, _slot(x, p, sg)), INC)
-                _push(m, x, _CATEGORICAL, _tables(windows[c], b, p, sg))
-        for c in reversed(range(c_)):
-            if const[c]:
-                byte.push(m, np.int64(flat[c][0]))
-            flags.push(m, np.int64(const[c]))
-        if version >= 2:
-            flags.push(m, np.int64(ls))
+        seed_push(m, planes, version)
 
     def pop(m: Message) -> np.ndarray:
-        ls = version >= 2 and bool(flags.pop(m))
+        ls = version >= 2 and bool(_FLAG.pop(m))
         const: list[int | None] = []  # the value of each constant plane, None if coded
         for _ in range(c_):
-            const.append(int(byte.pop(m)) if int(flags.pop(m)) else None)
+            const.append(int(_BYTE.pop(m)) if int(_FLAG.pop(m)) else None)
         st = _State(lay, c_, version, ls)
         bias = _Bias(c_) if version >= 2 else None
         hist = [_prior()[min(c, 1)].copy() for c in range(c_)]

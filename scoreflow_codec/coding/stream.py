@@ -34,7 +34,7 @@ from ..errors import BadFileError
 from . import distributions as dist
 from . import tiles as T
 from .ans import Message, common_prefix_len, padding_words
-from .seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, seed_bits, seed_codec
+from .seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, seed_codec, seed_push
 
 SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
 BATCHINGS = ("bits", "growth")
@@ -206,13 +206,11 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
 
     for im in images:
         if im.extra is not None:
-            seed_codec(im.extra.shape, settings.seed).push(m, im.extra)
-            rep.extra_bits += seed_bits(im.extra, settings.seed)
+            rep.extra_bits += seed_push(m, im.extra, settings.seed)
     i = 0
     while i < n and (i < n_seed if n_seed is not None else need(i, i + 1) > on_stack()):
         blk = T.known_block(images[refs[i].image].color, refs[i])
-        seed_codec(blk.shape, settings.seed).push(m, blk)
-        rep.seed_bits += seed_bits(blk, settings.seed)
+        rep.seed_bits += seed_push(m, blk, settings.seed)
         i += 1
     rep.n_seed = n_seed = i
     if progress is not None:
