@@ -223,6 +223,8 @@ CODECS: list[ClassicalCodec] = [
                    "wavefront predictor blend + adaptive ANS, 9-byte header", _seed_encode, _seed_decode),
     ClassicalCodec("sfc-seed-1", "the seed codec's version 1 (files before 0.3.0)",
                    functools.partial(_seed_encode, version=1), functools.partial(_seed_decode, version=1)),
+    ClassicalCodec("sfc-seed-2", "the seed codec's version 2 (files of 0.3.0)",
+                   functools.partial(_seed_encode, version=2), functools.partial(_seed_decode, version=2)),
 ]
 BY_NAME = {c.name: c for c in CODECS}
 

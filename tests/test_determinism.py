@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from scoreflow_codec import api, container, images
 from scoreflow_codec.coding import stream
+from scoreflow_codec.coding.seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS
 from scoreflow_codec.coding.stream import StreamSettings
 from scoreflow_codec.errors import BadFileError, DecodeMismatchError, ModelMismatchError
 from scoreflow_codec.modelfile import load_model_file, save_model
@@ -131,24 +132,26 @@ def test_growth_batching_files_still_decode(encoded, model, source):
     """Files from before "bits" batching name no batching in their header: the format default is
     the fixed growth schedule, and they decode as such. New files name "bits"."""
     assert api.FORMAT_DEFAULTS["stream"]["batching"] == "growth" and StreamSettings().batching == "bits"
-    assert api.read_header(encoded)["stream"] == {"n_seed": 1, "batching": "bits", "seed": 2}
+    assert api.read_header(encoded)["stream"] == {"n_seed": 1, "batching": "bits", "seed": LATEST_SEED}
     old, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=StreamSettings(n_seed=1, batching="growth"))
-    assert api.read_header(old)["stream"] == {"n_seed": 1, "seed": 2}
+    assert api.read_header(old)["stream"] == {"n_seed": 1, "seed": LATEST_SEED}
     api.check_identical([source], api.decompress(old, model))
 
 
-def test_seed_codec_version_1_files_still_decode(model, source):
-    """Files from before seed codec version 2 name no `seed` in their stream header: the format
-    default is version 1, and their seed tiles (and seed-only files) decode with it."""
-    assert api.FORMAT_DEFAULTS["stream"]["seed"] == 1 and StreamSettings().seed == 2
+@pytest.mark.parametrize("version", [v for v in SEED_VERSIONS if v != LATEST_SEED])
+def test_older_seed_codec_versions_still_decode(model, source, version):
+    """Files name the seed codec version of their seed tiles (and seed-only files) in the stream
+    header, those from before version 2 none (the format default: 1). Each decodes with its own."""
+    assert api.FORMAT_DEFAULTS["stream"]["seed"] == 1 and StreamSettings().seed == LATEST_SEED
     noise = images.from_array(np.random.default_rng(3).integers(0, 256, (32, 64, 3)).astype(np.uint8))
     for srcs, ss in (([source, noise], StreamSettings(n_seed=2)), ([noise], stream.seed_only_settings([(3, 32, 64)]))):
-        old = StreamSettings(**{**ss.to_dict(), "seed": 1})
+        old = StreamSettings(**{**ss.to_dict(), "seed": version})
         data, _ = api.compress(srcs, model, "chain", SETTINGS, stream_settings=old, fallback="off")
-        assert "seed" not in api.read_header(data)["stream"]
+        assert api.read_header(data)["stream"].get("seed", 1) == version
+        assert ("seed" in api.read_header(data)["stream"]) == (version != 1)
         api.check_identical(srcs, api.decompress(data, model))
         new, _ = api.compress(srcs, model, "chain", SETTINGS, stream_settings=ss, fallback="off")
-        assert api.read_header(new)["stream"]["seed"] == 2 and new != data
+        assert api.read_header(new)["stream"]["seed"] == LATEST_SEED
         api.check_identical(srcs, api.decompress(new, model))
 
 

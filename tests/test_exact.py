@@ -237,7 +237,8 @@ _PROBE = textwrap.dedent("""
     z = ints(20001) * 2.0 ** -15
     out["functions"] = h(torch.stack([f(z) for f in (em.exp, em.expm1, em.log1p, em.sigmoid, em.tanh, em.sin, em.cos, em.softplus)]))
     out["numpy_functions"] = h(torch.from_numpy(np.stack([em.np_fn(em.exp)(z.numpy()), em.np_fn(em.log)(z.numpy() + 31)])))
-    # the seed codec (version 2: least squares through numpy's matmul and element-wise solves)
+    # the seed codec (version 2: least squares through numpy's matmul and element-wise solves;
+    # version 3 adds the difference mode, integers only)
     from scoreflow_codec.coding.ans import Message
     from scoreflow_codec.coding.seed_codec import seed_codec
     yy, xx = np.mgrid[0:40, 0:48]
@@ -245,6 +246,10 @@ _PROBE = textwrap.dedent("""
     msg = Message()
     seed_codec(planes.shape, 2).push(msg, planes)
     out["seed_v2"] = hashlib.sha256(msg.words().tobytes()).hexdigest()
+    planes[0] = np.clip(planes[1].astype(np.int64) + xx // 6 - yy // 5, 0, 255)  # version 3's difference mode
+    msg = Message()
+    seed_codec(planes.shape, 3).push(msg, planes)
+    out["seed_v3"] = hashlib.sha256(msg.words().tobytes()).hexdigest()
     print(json.dumps(out))
 """)
 
@@ -263,7 +268,7 @@ def probes():
 
 @pytest.mark.parametrize("which", list(KERNEL_ENVS))
 def test_exact_outputs_do_not_depend_on_the_kernels(which, probes):
-    for k in ("exact", "exact_dequant", "functions", "numpy_functions", "seed_v2"):
+    for k in ("exact", "exact_dequant", "functions", "numpy_functions", "seed_v2", "seed_v3"):
         assert probes[which][k] == probes["here"][k], f"{k} changed under {which}"
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 
 from scoreflow_codec import api, container, images
 from scoreflow_codec.container import MAGIC
+from scoreflow_codec.coding.seed_codec import VERSIONS as SEED_VERSIONS
 from scoreflow_codec.errors import (BadFileError, DecodeMismatchError, ModelMismatchError, SfcError,
                                     UnsupportedVersionError)
 
@@ -227,7 +228,7 @@ HOSTILE = [  # header values re-packed with valid CRCs: each must be refused bef
     ("stream.growth", -1, "growth"),
     ("stream.batching", "fixed", "batching"),
     ("stream.pad_words", 10 ** 12, "pad_words"),
-    ("stream.seed", 3, "seed"),
+    ("stream.seed", max(SEED_VERSIONS) + 1, "seed"),
     ("stream.seed", 0, "seed"),
     ("stream.seed", True, "seed"),
     ("stream.seed", 2.0, "seed"),

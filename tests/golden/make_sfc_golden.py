@@ -33,6 +33,9 @@ CASES = {
     # 0.3.0 (2026-11-25): seed codec version 2, in a model stream's seed tiles and alone
     "cifar10-x2": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     "seed-x2": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"]),
+    # 0.4.0 (2026-11-25): seed codec version 3; red and blue are green plus slow offsets, so its
+    # difference mode codes them
+    "seed-x3": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"], "chroma"),
 }
 
 
@@ -48,12 +51,23 @@ def synthetic(width: int, height: int, k: int) -> np.ndarray:
     return out
 
 
+def synthetic_chroma(width: int, height: int, k: int) -> np.ndarray:
+    """synthetic's green, with red and blue = green + slowly varying offsets (like photographs)."""
+    out = synthetic(width, height, k)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.int64)
+    g = out[..., 1].astype(np.int64)
+    out[..., 0] = np.clip(g + xx // 7 - yy // 9 + 10, 0, 255)
+    out[..., 2] = np.clip(g - (xx + yy) // 11 - 5, 0, 255)
+    return out
+
+
 def make(name: str) -> None:
-    model, sizes, extra = CASES[name]
+    model, sizes, extra, *kind = CASES[name]
+    make_image = synthetic_chroma if kind == ["chroma"] else synthetic
     pngs = []
     for k, (w, h) in enumerate(sizes):
         p = HERE / f"{name}-{k}.png"
-        Image.fromarray(synthetic(w, h, k)).save(p)
+        Image.fromarray(make_image(w, h, k)).save(p)
         pngs.append(str(p))
     sfc = HERE / f"{name}.sfc"
     subprocess.run(["sfcodec", "compress", *pngs, "-o", str(sfc), "--model", model, "--force", *extra],
