@@ -642,21 +642,21 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
                 dc = _diff_centre(st, c, idx) if diff[c] or (0 < c < c_ - 1 and diff[c + 1]) else None
                 if const[c] is not None:
                     x = np.full(len(idx), const[c], dtype=np.int64)
-                elif diff[c]:
-                    pr, d = dc
-                    b, sg = _diff_context(st, c, idx, d), np.ones_like(pr)
+                else:  # the histogram row, centre and sign of each pixel, in the channel's mode
+                    biased = bias is not None and not diff[c]
+                    if diff[c]:
+                        pr, d = dc
+                        b, sg = _diff_context(st, c, idx, d), np.ones_like(pr)
+                    else:
+                        b = st.bins(c, idx)
+                        corrected = pred
+                        if biased:
+                            ctx = _Bias.context(st, c, idx, pred, b)
+                            corrected = bias.correct(c, ctx, pred)
+                        pr, sg = _centre(corrected, version)
                     x = _pop(m, len(idx), _CATEGORICAL, _tables(windows[c], b, pr, sg))
                     np.add.at(hist[c], (b, _slot(x, pr, sg)), INC)
-                else:
-                    b = st.bins(c, idx)
-                    corrected = pred
-                    if bias is not None:
-                        ctx = _Bias.context(st, c, idx, pred, b)
-                        corrected = bias.correct(c, ctx, pred)
-                    pr, sg = _centre(corrected, version)
-                    x = _pop(m, len(idx), _CATEGORICAL, _tables(windows[c], b, pr, sg))
-                    np.add.at(hist[c], (b, _slot(x, pr, sg)), INC)
-                    if bias is not None:
+                    if biased:
                         bias.update(c, ctx, x, pred)
                 st.record(c, idx, x, p, pred)
                 if dc is not None:
