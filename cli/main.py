@@ -123,9 +123,11 @@ def _coded_by(rep) -> str:
         return f"model's stream{seed}"
     if rep.model_bytes is not None and rep.model_bytes != rep.file_bytes:
         return f"seed codec alone, smaller than the model's stream ({8 * rep.model_bytes / rep.num_dims:.3f} bits/dim)"
-    if rep.model_bytes is None and rep.model_estimate_bpd is not None:
+    if rep.model_bytes is None and rep.model_estimate is not None:
+        e = rep.model_estimate
+        sample = "" if e.complete else f" (+- {e.se:.3f}, from {e.units} of {e.total} tiles)"
         return (f"seed codec alone; the model's stream was not coded: the model's bound, "
-                f"{rep.model_estimate_bpd:.3f} bits/dim, is above this file's (--fallback both codes it anyway)")
+                f"{e.mean:.3f} bits/dim{sample}, is above this file's (--fallback both codes it anyway)")
     return "seed codec alone"
 
 
@@ -157,7 +159,8 @@ MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both 
 FALLBACK_OPTION = click.option(
     "--fallback", type=click.Choice(["auto", "both", "off"]), default="auto", show_default=True,
     help="Also code the images with the package's classical seed codec alone and keep the smaller file. "
-         "auto: the model's stream is coded only if the model's bound (seconds to estimate) is not above the "
+         "auto: the model's stream is coded only if the model's bound (estimated in seconds from a sample of "
+         "the tiles) is not above the "
          "seed codec's file; both: always code both; off: the model's stream only. Decoding needs the model "
          "named in the file either way.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
@@ -333,6 +336,7 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
     out = {"images": len(sources), "bytes": len(data), "bpd": rep.bpd, "mode": mode, "model": m.name,
            "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
            "model_estimate_bpd": rep.model_estimate_bpd,
+           "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
            "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True}
     if as_json:
         click.echo(json.dumps(out))

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import __version__, container, images as imgs
+from .estimate import Estimate, sequential_mean
 from .coding import stream
 from .coding.chain_codec import ChainSettings
 from .coding.evaluator import deterministic_torch
@@ -97,7 +98,11 @@ class CompressReport:
     settings: dict = field(default_factory=dict)
     model_bytes: int | None = None  # the file the model's stream makes (None: not coded)
     seed_bytes: int | None = None   # the file the seed codec alone makes (compress(fallback=...))
-    model_estimate_bpd: float | None = None  # fallback "auto": the model's bound that decided
+    model_estimate: Estimate | None = None  # fallback "auto": the model's bound that decided
+
+    @property
+    def model_estimate_bpd(self) -> float | None:
+        return None if self.model_estimate is None else self.model_estimate.mean
 
     @property
     def coded_by(self) -> str:
@@ -206,9 +211,9 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         best = (_pack(head, settings, alt_ss, alt_payload, alt_fields), alt_payload, alt_rep)
         seed_bytes = len(best[0])
         if fallback == "auto":
-            estimate = estimate_model_bpd(sources, model, ss.tile, device)
+            estimate = estimate_model_bpd(sources, model, ss.tile, device, 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD)
     model_bytes = None
-    if estimate is None or estimate <= 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD:
+    if estimate is None or estimate.mean <= 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD:
         try:
             with deterministic_torch():
                 payload, fields, rep = stream.encode(images, codec, ss, progress, track)
@@ -229,20 +234,51 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     return data, report
 
 
-FALLBACK_N_T = 16          # time samples of the bound that decides fallback "auto"
+FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"
 FALLBACK_MARGIN_BPD = 0.05  # the model's stream is coded unless its bound is this far above the seed file
+FALLBACK_Z = 4.0            # the estimate stops once this many standard errors from the threshold
 
 
-def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu") -> float | None:
-    """The model's bound in bits/dim over these images' colour planes, with the float32 network
-    (an estimate, never reported as a size), or None where some image is not plain RGB (grey,
-    alpha and palettes go partly through the seed codec in the model's stream too)."""
+def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu",
+                       threshold: float | None = None) -> Estimate | None:
+    """The model's bound in bits/dim over these images' colour planes, with the float32 network (an
+    estimate, never reported as a size), or None where some image is not plain RGB (grey, alpha and
+    palettes go partly through the seed codec in the model's stream too).
+
+    Per tile (edge tiles padded as evaluate_images pads them; each image weighs its dims, spread over
+    its tiles), FALLBACK_N_T stratified time samples. With a threshold, tiles are taken in a random
+    order (fixed seed: the same decision every run) and the estimate stops once it lies FALLBACK_Z
+    standard errors above or below it (estimate.sequential_mean); without one, every tile counts."""
+    from . import likelihood
+
     if not all(s.color is not None and s.color.shape[0] == 3 and s.extra is None for s in sources):
         return None
-    rows = evaluate_images([np.ascontiguousarray(s.color.transpose(1, 2, 0)) for s in sources], model, device,
-                           ode=False, n_t=FALLBACK_N_T, tile=tile)
-    dims = [s.num_dims for s in sources]
-    return float(np.dot([r["bound_bpd"] for r in rows], dims) / sum(dims))
+    tiles = [image_tiles(np.ascontiguousarray(s.color.transpose(1, 2, 0)), tile) for s in sources]
+    x = np.concatenate(tiles)
+    weights = np.concatenate([np.full(len(t), s.num_dims / len(t)) for s, t in zip(sources, tiles)])
+    gen = torch.Generator().manual_seed(0)
+
+    def evaluate(idx: np.ndarray) -> np.ndarray:
+        xb = torch.from_numpy(x[idx]).to(device)
+        deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
+        terms = likelihood.bound_terms(model.model, xb, deq, n_t=FALLBACK_N_T, generator=gen)
+        return terms["bpd_with"].double().cpu().numpy()
+
+    return sequential_mean(evaluate, weights, tiles_like(64, tile), threshold, FALLBACK_Z, np.random.default_rng(0),
+                           covariate=tile_activity(x))
+
+
+def tile_activity(tiles: np.ndarray) -> np.ndarray:
+    """Per tile [n, C, h, w] of uint8: the mean of log2(1 + |x - MED|) over its values, MED the
+    median edge predictor from the N, W and NW neighbours within the tile (edge-replicated): a
+    texture measure that costs nothing beside the model's bound and tracks it (correlation 0.78 -
+    0.84 over the photo model's 64px tiles of four Kodak images)."""
+    x = tiles.astype(np.int16)
+    p = np.pad(x, ((0, 0), (0, 0), (1, 0), (1, 0)), mode="edge")
+    n, w, nw = p[..., :-1, 1:], p[..., 1:, :-1], p[..., :-1, :-1]
+    lo, hi = np.minimum(n, w), np.maximum(n, w)
+    med = np.where(nw >= hi, lo, np.where(nw <= lo, hi, n + w - nw))
+    return np.log2(1.0 + np.abs(x - med)).mean(axis=(1, 2, 3))
 
 
 def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict) -> bytes:

@@ -96,6 +96,33 @@ def test_auto_skips_the_model_only_where_its_bound_is_above_the_seed_file(model)
     api.check_identical(ramp, api.decompress(data, model))
 
 
+def test_auto_decides_from_a_sample_of_the_tiles(model):
+    """A 288x256 ramp is 72 tiles of 32px, and a batch of the estimate is 64: the first batch puts
+    the model's bound far above the seed codec's file, so the last 8 tiles are never evaluated."""
+    from cli import main as cli_main
+    big = [images.from_array(_gradient(288, 256))]
+    data, rep = api.compress(big, model, "ode", SETTINGS, fallback="auto")
+    e, threshold = rep.model_estimate, 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
+    assert rep.coded_by == "seed" and rep.model_bytes is None and rep.model_estimate_bpd == e.mean
+    assert e.units == 64 < e.total == 72 and e.mean - api.FALLBACK_Z * e.se > threshold
+    assert f"from 64 of 72 tiles" in cli_main._coded_by(rep)
+    api.check_identical(big, api.decompress(data, model))
+
+
+def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
+    """With a stand-in for the bound (a tile's mean pixel value), the estimate over every tile is
+    the dims-weighted mean over the images of the mean over each image's edge-padded tiles, as
+    evaluate_images pads them."""
+    from scoreflow_codec import likelihood
+    monkeypatch.setattr(likelihood, "bound_terms",
+                        lambda m, x, deq, n_t, generator: {"bpd_with": x.double().mean((1, 2, 3))})
+    arrs = [_gradient(40, 72), _gradient(100, 33), (np.arange(105) % 256).reshape(7, 5, 3).astype(np.uint8)]
+    e = api.estimate_model_bpd([images.from_array(a) for a in arrs], model, 32)
+    per_image = [api.image_tiles(a, 32).astype(np.float64).mean() for a in arrs]
+    assert e.complete and e.se == 0.0 and e.total == 6 + 8 + 1
+    assert e.mean == pytest.approx(np.average(per_image, weights=[a.size for a in arrs]), rel=1e-12)
+
+
 def test_auto_codes_both_where_it_cannot_estimate(model):
     """A grey image has no RGB planes to take the bound of: "auto" codes both, like "both"."""
     srcs = [images.from_array(_gradient()[..., 0])]
