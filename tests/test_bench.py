@@ -202,3 +202,25 @@ def test_jobs_give_the_same_files(tmp_path):
 def test_jobs_must_be_positive(tmp_path):
     r = _run("--quick", "--jobs", "0", "--out", str(tmp_path))
     assert r.returncode == 2 and "--jobs must be at least 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_times_runs_the_users_commands(tmp_path):
+    """bench/cli_times.py: each image through `sfcodec compress` and `sfcodec decompress` as
+    processes of their own, timed, identical pixels; the exit code says whether all were."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.fromarray(_image(3)).save(folder / "a.png")
+    Image.fromarray(_image(1)[..., 0]).save(folder / "b.png")
+    out = tmp_path / "res"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "cli_times.py"), str(folder), "--out", str(out),
+                        "--threads", "1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["summary"]["images"] == res["summary"]["identical"] == 2 and res["summary"]["failed"] == 0
+    for row in res["images"]:
+        assert row["identical"] and row["bytes"] > 0 and row["encode_s"] > 0 and row["decode_rss_mib"] > 10
+        assert row["bpd"] == 8 * row["bytes"] / row["dims"]
+    assert "2 decoded identical" in r.stdout
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "cli_times.py"), str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "cli_times:" in bad.stderr
