@@ -99,8 +99,11 @@ def test_exact_variational_round_trip_and_size():
     codec.bits_log = None
     codec.push(m, x, frac)
     assert np.array_equal(m.words(), padding_words(4000))
-    # the same bits as the float32 table codec would pop, up to the network's rounding
+    # the same bits as the float32 table codec costs for the same u, up to the network's rounding.
+    # (Paired: letting the float32 codec pop its own u compares two different draws, whose sizes
+    # differ by more than the rounding: 4521 against 4533 bits on an AVX-512 machine.)
     ref = DequantCodec(_variational(), Evaluator(lambda *a: None, 2), L)
     m2 = Message(padding_words(4000))
-    ref.pop(m2, x)
-    assert abs((b0 - m2.num_bits()) - popped) < 0.002 * popped
+    b2 = m2.num_bits()
+    ref.push(m2, x, frac)
+    assert abs((m2.num_bits() - b2) - popped) < 0.002 * popped
