@@ -92,7 +92,10 @@ def test_deterministic_golden_bitstream(version):
     if version >= 3:
         from scoreflow_codec.coding.seed_codec import _choose, _layout
 
-        assert [p.diff for p in _choose(planes, _layout(32, 40), version)[2][1:]] == [True, True, False]
+        plans = _choose(planes, _layout(32, 40), version)[2]
+        assert [p.diff for p in plans[1:]] == [True, True, False]
+        if version >= 4:  # blue's difference mode is version 4's: its prediction is not version 3's
+            assert not np.array_equal(plans[2].centres, _choose(planes, _layout(32, 40), 3)[2][2].centres)
     words = []
     for _ in range(2):
         m = Message()
@@ -107,6 +110,7 @@ GOLDEN_SHA256 = {
     1: "f97e935519967e97285c03acdf0ced1c074e3580cbdc549927fd8e26ff4d299c",
     2: "07d6089c14d5b521b7826d1281cfab3fdad95a3c50da51e100ab7d224f5ab46c",
     3: "84899bcc9fc4187e17b9bb7eb019582cf81c38c10816472cd126a30a02fea8a4",
+    4: "78ad9dba5c806797010de44065b161efbdc23a5522323c1e595ecada2fb03667",
 }
 
 
@@ -179,31 +183,33 @@ def test_version_3_is_smaller_on_photographs_and_no_larger_on_cifar(shared_data)
         assert seed_bits(p, 3) <= seed_bits(p, 2) + 2.0 + 1e-6
 
 
-def test_difference_mode_by_a_slow_reference():
+@pytest.mark.parametrize("version", [3, 4])
+def test_difference_mode_by_a_slow_reference(version):
     """Version 3's difference mode (encoder's vectorized plans) against a pixel-by-pixel loop
-    from the definitions: d = x_c - x_0 at N, W, NW, NE; prediction x_0 + median(dN, dW,
-    dN + dW - dNW) clipped to 0..255; context = activity level (sum of |x - prediction| at
-    N, W, NW, NE against DIFF_ACT) x the gradients N-NW, W-NW, NE-N clipped to +-DIFF_GRAD x
-    row and column parity x the sign of channel c-1's residual in this mode at the pixel (c >= 2).
-    Python integers throughout."""
+    from the definitions: d = x_c - ref at N, W, NW, NE, ref = x_0 (green), from version 4 for
+    channel 2 (blue) (x_0 + x_1) // 2; prediction ref + median(dN, dW, dN + dW - dNW) clipped to
+    0..255; context = activity level (sum of |x - prediction| at N, W, NW, NE against DIFF_ACT)
+    x the gradients N-NW, W-NW, NE-N clipped to +-DIFF_GRAD x row and column parity x the sign of
+    channel c-1's residual in this mode at the pixel (c >= 2). Python integers throughout."""
     from scoreflow_codec.coding import seed_codec as sc
 
     h, w = 13, 11
     planes = _chroma_synthetic(h, w)[:3]
     planes[2, 4:7] = np.random.default_rng(3).integers(0, 256, (3, w))
     lay = sc._layout(h, w)
-    flat, _, _, _, st = sc._analyse(planes, lay, 3)
+    flat, _, _, _, st = sc._analyse(planes, lay, version)
     plans = sc._diff_plans(st, lay, flat)
     g = sc.DIFF_GRAD
     x = [list(map(int, f)) + [sc.FILL] for f in flat]
     res = [[0] * (lay.n + 1) for _ in range(3)]
     for c in (1, 2):
+        ref = [(x[0][j] + x[1][j]) // 2 if version >= 4 and c == 2 else x[0][j] for j in range(lay.n + 1)]
         want_p, want_ctx = [], []
         for i in range(lay.n):  # raster order: every neighbour's residual is known
             nb = [int(lay.nbr[k, i]) for k in range(4)]
-            dn, dw, dnw, dne = (x[c][j] - x[0][j] for j in nb)
+            dn, dw, dnw, dne = (x[c][j] - ref[j] for j in nb)
             med = sorted([dn, dw, dn + dw - dnw])[1]
-            p = min(max(x[0][i] + med, 0), 255)
+            p = min(max(ref[i] + med, 0), 255)
             res[c][i] = x[c][i] - p
             a = sum(abs(res[c][j]) for j in nb)
             level = sum(a >= t for t in sc.DIFF_ACT)

@@ -89,8 +89,8 @@ INC = 64  # count added per coded pixel
 FILL = 128  # value of the missing neighbours of the first pixel
 _WEIGHT_ONE = 1 << 40
 _CHUNK = 8192
-VERSIONS = (1, 2, 3)
-LATEST = 3
+VERSIONS = (1, 2, 3, 4)
+LATEST = 4
 BIAS_SHRINK = 8   # version 2: the bias is sum / (count + this): a few pixels do not move it far
 BIAS_HALVE = 128  # version 2: counts halve here, so the bias follows the image
 BIAS_MAX_ERR = 40  # version 2: errors beyond 5 pixel values (edges) stay out of the bias
@@ -256,15 +256,24 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(p), np.minimum(np.maximum(p, 0), 255 * FRAC), FILL * FRAC).astype(np.int64)
 
 
+def _diff_ref(st: "_State", c: int, j: np.ndarray) -> np.ndarray:
+    """The reference plane of channel c's difference mode at pixels j (known there): channel 0
+    (green); from version 4, for channel 2 (blue after green and red), (x_0 + x_1) // 2."""
+    if st.version >= 4 and c == 2:
+        return (st.x[0][j] + st.x[1][j]) >> 1
+    return st.x[0][j]
+
+
 def _diff_centre(st: "_State", c: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Version 3's difference mode for channel c > 0 at pixels idx (channel 0 known there): the
-    prediction x0 + MED(dN, dW, dN + dW - dNW) on the difference plane d = x_c - x_0 (LOCO-I's
-    median edge detector), clipped to 0..255, and d at N, W, NW, NE [4, n] for the context."""
+    """Version 3's difference mode for channel c > 0 at pixels idx (the reference channels known
+    there): the prediction ref + MED(dN, dW, dN + dW - dNW) on the difference plane d = x_c - ref
+    (LOCO-I's median edge detector; ref from _diff_ref), clipped to 0..255, and d at N, W, NW, NE
+    [4, n] for the context."""
     nb = st.lay.nbr[:4, idx]
-    d = st.x[c][nb] - st.x[0][nb]
+    d = st.x[c][nb] - _diff_ref(st, c, nb)
     dn, dw, dnw = d[0], d[1], d[2]
     med = np.maximum(np.minimum(dn, dw), np.minimum(np.maximum(dn, dw), dn + dw - dnw))
-    return np.minimum(np.maximum(st.x[0][idx] + med, 0), 255), d
+    return np.minimum(np.maximum(_diff_ref(st, c, idx) + med, 0), 255), d
 
 
 def _diff_context(st: "_State", c: int, idx: np.ndarray, d: np.ndarray) -> np.ndarray:
