@@ -107,6 +107,14 @@ _DIFF_G = 2 * DIFF_GRAD + 1
 N_DIFF_CTX = (len(DIFF_ACT) + 1) * _DIFF_G ** 3 * 4 * 3
 DIFF_PRIOR_MASS = 1024  # 16 pixels' worth: the contexts are many, each must learn fast
 DIFF_THETA = (19661, 32768, 45875)  # prior theta * 2**16 per activity level (0.3, 0.5, 0.7)
+# Version 4's difference mode codes each pixel with the counts of its row above (a lighter prior,
+# DIFF_PRIOR_MASS_4) plus those of a coarse row, scaled to DIFF_MIX in total: activity level x the
+# gradients clipped to +-DIFF_COARSE_GRAD x parity. The coarse rows learn fast, the fine ones
+# sharpen them where they have seen enough.
+DIFF_COARSE_GRAD = 2
+N_DIFF_COARSE = (len(DIFF_ACT) + 1) * (2 * DIFF_COARSE_GRAD + 1) ** 3 * 4
+DIFF_MIX = 4096
+DIFF_PRIOR_MASS_4 = 512
 
 # Per-bin prior: two-sided geometric theta**|r| with theta = THETA / 2**16; row 0 for the first
 # channel, row 1 for channels predicted from earlier ones. From `calibrate` on the first 400
@@ -289,6 +297,17 @@ def _diff_context(st: "_State", c: int, idx: np.ndarray, d: np.ndarray) -> np.nd
     return ctx * 3 + (np.sign(st.dres[c - 1][idx]) + 1 if c >= 2 else 1)
 
 
+def _diff_coarse(fine: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Version 4's coarse row of the difference mode, from the fine row (_diff_context) and d at
+    N, W, NW, NE: activity level x the gradients N-NW, W-NW, NE-N clipped to +-DIFF_COARSE_GRAD x
+    row and column parity."""
+    ctx = fine // (N_DIFF_CTX // len(DIFF_THETA))  # the activity level
+    for g in (d[0] - d[2], d[1] - d[2], d[3] - d[0]):
+        ctx = ctx * (2 * DIFF_COARSE_GRAD + 1) + np.minimum(np.maximum(g, -DIFF_COARSE_GRAD), DIFF_COARSE_GRAD)
+        ctx = ctx + DIFF_COARSE_GRAD
+    return ctx * 4 + fine // 3 % 4
+
+
 def _order(c_: int, version: int) -> list[int]:
     """The planes' coding order: version 2 codes green first."""
     return [1, 0, 2] + list(range(3, c_)) if version >= 2 and c_ >= 3 else list(range(c_))
@@ -379,10 +398,11 @@ def _prior() -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _diff_prior() -> np.ndarray:
-    """[N_DIFF_CTX, 511] prior of version 3's difference mode: by the context's activity level."""
-    rows = np.stack([_geometric(t, DIFF_PRIOR_MASS) for t in DIFF_THETA])
-    out = np.repeat(rows, N_DIFF_CTX // len(DIFF_THETA), axis=0)
+def _diff_prior(n_rows: int = N_DIFF_CTX, mass: int = DIFF_PRIOR_MASS) -> np.ndarray:
+    """[n_rows, 511] prior of the difference mode's rows (version 3's by default; version 4's coarse
+    rows: N_DIFF_COARSE): by the row's activity level, its leading digit."""
+    rows = np.stack([_geometric(t, mass) for t in DIFF_THETA])
+    out = np.repeat(rows, n_rows // len(DIFF_THETA), axis=0)
     out.setflags(write=False)
     return out
 
@@ -452,6 +472,37 @@ def _tables(windows: np.ndarray, bins: np.ndarray, p: np.ndarray, sign: np.ndarr
     return t.astype(np.float64)
 
 
+class _Counts:
+    """The adaptive counts one plane is coded with: rows of residual histograms (integer counts)
+    and, in version 4's difference mode, coarse rows whose window is added to a pixel's row scaled
+    to DIFF_MIX in total (integer floor division: exact on every machine)."""
+
+    def __init__(self, prior: np.ndarray, cprior: np.ndarray | None = None):
+        self.hist = prior.copy()
+        self.windows = sliding_window_view(self.hist, 256, axis=1)
+        self.coarse = None if cprior is None else cprior.copy()
+        if self.coarse is not None:
+            self.cwindows = sliding_window_view(self.coarse, 256, axis=1)
+            self.ctotal = self.coarse.sum(axis=1)
+
+    def tables(self, rows: np.ndarray, crows: np.ndarray | None, p: np.ndarray, sign: np.ndarray) -> np.ndarray:
+        """[n, 256] float64 counts of x = 0..255 around p (_tables, plus the coarse rows' share)."""
+        if self.coarse is None:
+            return _tables(self.windows, rows, p, sign)
+        lo = _start(p, sign)
+        t = self.windows[rows, lo] + self.cwindows[crows, lo] * DIFF_MIX // self.ctotal[crows, None]
+        flip = sign < 0
+        if flip.any():
+            t[flip] = t[flip, ::-1]
+        return t.astype(np.float64)
+
+    def add(self, rows: np.ndarray, crows: np.ndarray | None, slot: np.ndarray, inc: int) -> None:
+        np.add.at(self.hist, (rows, slot), inc)
+        if self.coarse is not None:
+            np.add.at(self.coarse, (crows, slot), inc)
+            np.add.at(self.ctotal, crows, inc)
+
+
 def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: bool = False):
     """Encoder side, all pixels at once: the planes in coding order, the blend's predictions (1/8
     pixel) and the bins, per channel; and the state holding them."""
@@ -498,16 +549,30 @@ def _analyse(planes: np.ndarray, layout: _Layout, version: int, ls: bool = False
 
 class _Plan(NamedTuple):
     """How the encoder codes one plane: per pixel the histogram row, centre and sign; the rows'
-    prior; and whether it is version 3's difference mode (a flag in the stream)."""
+    prior; whether it is version 3's difference mode (a flag in the stream); version 4's coarse
+    rows in that mode and their prior (None: none)."""
     rows: np.ndarray
     centres: np.ndarray
     signs: np.ndarray
     prior: np.ndarray
     diff: bool = False
+    coarse: np.ndarray | None = None
+    cprior: np.ndarray | None = None
+
+    def counts(self) -> _Counts:
+        return _Counts(self.prior, self.cprior)
 
 
 def _plane_bits(lay: _Layout, x: np.ndarray, plan: _Plan) -> float:
     """Bits of one histogram-coded plane (float64 model of what the coder pushes)."""
+    if plan.coarse is not None:  # version 4's difference mode: the coder's tables themselves
+        counts, total = plan.counts(), 0.0
+        for idx in lay.steps:
+            b, cb, p, sg, xi = plan.rows[idx], plan.coarse[idx], plan.centres[idx], plan.signs[idx], x[idx]
+            t = counts.tables(b, cb, p, sg)
+            total += float(-np.log2(t[np.arange(len(idx)), xi] / t.sum(axis=1)).sum())
+            counts.add(b, cb, _slot(xi, p, sg), INC)
+        return total
     hist = plan.prior.copy()
     few = len(hist) <= N_BINS  # few rows: cumulate them all; many: only the rows in use
     total = 0.0
@@ -530,7 +595,12 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
         st.dres[c][: lay.n] = flat[c] - centres[c][0]
     for c in range(1, len(flat)):
         p, d = centres[c]
-        plan = _Plan(_diff_context(st, c, every, d), p, np.ones_like(p), _diff_prior(), True)
+        rows = _diff_context(st, c, every, d)
+        if st.version >= 4:
+            plan = _Plan(rows, p, np.ones_like(p), _diff_prior(N_DIFF_CTX, DIFF_PRIOR_MASS_4), True,
+                         _diff_coarse(rows, d), _diff_prior(N_DIFF_COARSE))
+        else:
+            plan = _Plan(rows, p, np.ones_like(p), _diff_prior(), True)
         out.append((_plane_bits(lay, flat[c], plan), plan))
     return out
 
@@ -584,23 +654,23 @@ def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
     lay = _layout(h, w)
     version = _check_version(version)
     ls, flat, plans, bits = _choose(planes, lay, version)
-    hist = []
+    counts = []
     for c, pl in enumerate(plans):
-        hc = None
+        cc = None
         if pl is not None:
-            hc = pl.prior.copy()
-            np.add.at(hc, (pl.rows, _slot(flat[c], pl.centres, pl.signs)), INC)
-        hist.append(hc)
+            cc = pl.counts()
+            cc.add(pl.rows, pl.coarse, _slot(flat[c], pl.centres, pl.signs), INC)
+        counts.append(cc)
     # A stack: push the last wavefront first; rewind each histogram to its state before it.
-    windows = [None if hc is None else sliding_window_view(hc, 256, axis=1) for hc in hist]
     for idx in reversed(lay.steps):
         for c in reversed(range(c_)):
             pl = plans[c]
             if pl is None:
                 continue
             b, p, sg, x = pl.rows[idx], pl.centres[idx], pl.signs[idx], flat[c][idx]
-            np.subtract.at(hist[c], (b, _slot(x, p, sg)), INC)
-            _push(m, x, _CATEGORICAL, _tables(windows[c], b, p, sg))
+            cb = None if pl.coarse is None else pl.coarse[idx]
+            counts[c].add(b, cb, _slot(x, p, sg), -INC)
+            _push(m, x, _CATEGORICAL, counts[c].tables(b, cb, p, sg))
     if version >= 3:  # the difference-mode flags of the coded channels after the first
         for c in reversed(range(1, c_)):
             if plans[c] is not None:
@@ -641,8 +711,9 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
                 diff[c] = const[c] is None and bool(_FLAG.pop(m))
         st = _State(lay, c_, version, ls)
         bias = _Bias(c_) if version >= 2 else None
-        hist = [(_diff_prior() if diff[c] else _prior()[min(c, 1)]).copy() for c in range(c_)]
-        windows = [sliding_window_view(hc, 256, axis=1) for hc in hist]
+        coarse = version >= 4  # version 4's difference mode: fine and coarse rows
+        counts = [_Counts(_diff_prior(N_DIFF_CTX, DIFF_PRIOR_MASS_4), _diff_prior(N_DIFF_COARSE)) if diff[c] and coarse
+                  else _Counts(_diff_prior()) if diff[c] else _Counts(_prior()[min(c, 1)]) for c in range(c_)]
         for idx in lay.steps:
             for c in range(c_):
                 p = st.inputs(c, idx)
@@ -653,9 +724,12 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
                     x = np.full(len(idx), const[c], dtype=np.int64)
                 else:  # the histogram row, centre and sign of each pixel, in the channel's mode
                     biased = bias is not None and not diff[c]
+                    cb = None
                     if diff[c]:
                         pr, d = dc
                         b, sg = _diff_context(st, c, idx, d), np.ones_like(pr)
+                        if coarse:
+                            cb = _diff_coarse(b, d)
                     else:
                         b = st.bins(c, idx)
                         corrected = pred
@@ -663,8 +737,8 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
                             ctx = _Bias.context(st, c, idx, pred, b)
                             corrected = bias.correct(c, ctx, pred)
                         pr, sg = _centre(corrected, version)
-                    x = _pop(m, len(idx), _CATEGORICAL, _tables(windows[c], b, pr, sg))
-                    np.add.at(hist[c], (b, _slot(x, pr, sg)), INC)
+                    x = _pop(m, len(idx), _CATEGORICAL, counts[c].tables(b, cb, pr, sg))
+                    counts[c].add(b, cb, _slot(x, pr, sg), INC)
                     if biased:
                         bias.update(c, ctx, x, pred)
                 st.record(c, idx, x, p, pred)
