@@ -225,6 +225,8 @@ CODECS: list[ClassicalCodec] = [
                    functools.partial(_seed_encode, version=1), functools.partial(_seed_decode, version=1)),
     ClassicalCodec("sfc-seed-2", "the seed codec's version 2 (files of 0.3.0)",
                    functools.partial(_seed_encode, version=2), functools.partial(_seed_decode, version=2)),
+    ClassicalCodec("sfc-seed-3", "the seed codec's version 3 (files of 0.4.0)",
+                   functools.partial(_seed_encode, version=3), functools.partial(_seed_decode, version=3)),
 ]
 BY_NAME = {c.name: c for c in CODECS}
 

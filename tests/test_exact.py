@@ -238,7 +238,7 @@ _PROBE = textwrap.dedent("""
     out["functions"] = h(torch.stack([f(z) for f in (em.exp, em.expm1, em.log1p, em.sigmoid, em.tanh, em.sin, em.cos, em.softplus)]))
     out["numpy_functions"] = h(torch.from_numpy(np.stack([em.np_fn(em.exp)(z.numpy()), em.np_fn(em.log)(z.numpy() + 31)])))
     # the seed codec (version 2: least squares through numpy's matmul and element-wise solves;
-    # version 3 adds the difference mode, integers only)
+    # version 3 adds the difference mode, integers only; version 4 changes it, integers only)
     from scoreflow_codec.coding.ans import Message
     from scoreflow_codec.coding.seed_codec import seed_codec
     yy, xx = np.mgrid[0:40, 0:48]
@@ -250,6 +250,12 @@ _PROBE = textwrap.dedent("""
     msg = Message()
     seed_codec(planes.shape, 3).push(msg, planes)
     out["seed_v3"] = hashlib.sha256(msg.words().tobytes()).hexdigest()
+    # version 4: blue against (G + R) // 2 in the difference mode, whose counts mix in coarse rows
+    # by integer floor division
+    planes[2] = np.clip((planes[0].astype(np.int64) + planes[1]) // 2 + xx // 5 - yy // 7 + (3 * xx + 5 * yy) % 3 - 1, 0, 255)
+    msg = Message()
+    seed_codec(planes.shape, 4).push(msg, planes)
+    out["seed_v4"] = hashlib.sha256(msg.words().tobytes()).hexdigest()
     print(json.dumps(out))
 """)
 
@@ -268,7 +274,7 @@ def probes():
 
 @pytest.mark.parametrize("which", list(KERNEL_ENVS))
 def test_exact_outputs_do_not_depend_on_the_kernels(which, probes):
-    for k in ("exact", "exact_dequant", "functions", "numpy_functions", "seed_v2", "seed_v3"):
+    for k in ("exact", "exact_dequant", "functions", "numpy_functions", "seed_v2", "seed_v3", "seed_v4"):
         assert probes[which][k] == probes["here"][k], f"{k} changed under {which}"
 
 

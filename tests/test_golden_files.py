@@ -29,11 +29,11 @@ def _arith(path: Path) -> str:
 
 def test_golden_files_exist():
     assert {p.stem for p in FILES} >= {"photo-1", "photo-2", "cifar10-1", "photo-x1", "cifar10-x1", "cifar10-x2",
-                                       "seed-x2", "seed-x3"}
+                                       "seed-x2", "seed-x3", "seed-x4"}
     assert {p.stem for p in FILES if _arith(p) == "exact64"} == {"photo-x1", "cifar10-x1", "cifar10-x2", "seed-x2",
-                                                                 "seed-x3"}
-    # seed codec versions: 1 (no `seed` in the header), 2 and 3
-    assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3}
+                                                                 "seed-x3", "seed-x4"}
+    # seed codec versions: 1 (no `seed` in the header), 2, 3 and 4
+    assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4}
 
 
 def _pngs(path: Path) -> list[np.ndarray]:

@@ -36,6 +36,9 @@ CASES = {
     # 0.4.0 (2026-11-25): seed codec version 3; red and blue are green plus slow offsets, so its
     # difference mode codes them
     "seed-x3": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"], "chroma"),
+    # seed codec version 4: red carries its own noise and blue follows (green + red) // 2, so
+    # version 4's difference mode (blue against (G + R) // 2, coarse rows mixed in) codes both
+    "seed-x4": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"], "chroma4"),
 }
 
 
@@ -61,9 +64,22 @@ def synthetic_chroma(width: int, height: int, k: int) -> np.ndarray:
     return out
 
 
+def synthetic_chroma4(width: int, height: int, k: int) -> np.ndarray:
+    """synthetic's green; red = green + slow offsets + its own integer-hash noise; blue =
+    (green + red) // 2 + a slow offset (red's noise shared, as in photographs' chroma)."""
+    out = synthetic(width, height, k)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.int64)
+    g = out[..., 1].astype(np.int64)
+    noise = ((xx * 2654435761 ^ yy * 40503 ^ k * 97) >> 3) % 7 - 3
+    r = np.clip(g + xx // 7 - yy // 9 + 10 + noise, 0, 255)
+    out[..., 0] = r
+    out[..., 2] = np.clip((g + r) // 2 + (xx - yy) // 13 - 4, 0, 255)
+    return out
+
+
 def make(name: str) -> None:
     model, sizes, extra, *kind = CASES[name]
-    make_image = synthetic_chroma if kind == ["chroma"] else synthetic
+    make_image = {"chroma": synthetic_chroma, "chroma4": synthetic_chroma4}.get(kind[0] if kind else None, synthetic)
     pngs = []
     for k, (w, h) in enumerate(sizes):
         p = HERE / f"{name}-{k}.png"
