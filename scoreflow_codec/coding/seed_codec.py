@@ -436,6 +436,13 @@ def _diff_prior(n_rows: int = N_DIFF_CTX, mass: int = DIFF_PRIOR_MASS) -> np.nda
     return out
 
 
+def _diff_priors(version: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The difference mode's priors in a version: its rows', and version 4's coarse rows' (None before)."""
+    if version >= 4:
+        return _diff_prior(N_DIFF_CTX, DIFF_PRIOR_MASS_4), _diff_prior(N_DIFF_COARSE)
+    return _diff_prior(), None
+
+
 _TEX_WEIGHTS = 1 << np.arange(6, dtype=np.int64)
 
 
@@ -625,11 +632,8 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
     for c in range(1, len(flat)):
         p, d = centres[c]
         rows = _diff_context(st, c, every, d)
-        if st.version >= 4:
-            plan = _Plan(rows, p, np.ones_like(p), _diff_prior(N_DIFF_CTX, DIFF_PRIOR_MASS_4), True,
-                         _diff_coarse(rows, d), _diff_prior(N_DIFF_COARSE))
-        else:
-            plan = _Plan(rows, p, np.ones_like(p), _diff_prior(), True)
+        prior, cprior = _diff_priors(st.version)
+        plan = _Plan(rows, p, np.ones_like(p), prior, True, None if cprior is None else _diff_coarse(rows, d), cprior)
         out.append((_plane_bits(lay, flat[c], plan), plan))
     return out
 
@@ -741,8 +745,7 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
         st = _State(lay, c_, version, ls)
         bias = _Bias(c_) if version >= 2 else None
         coarse = version >= 4  # version 4's difference mode: fine and coarse rows
-        counts = [_Counts(_diff_prior(N_DIFF_CTX, DIFF_PRIOR_MASS_4), _diff_prior(N_DIFF_COARSE)) if diff[c] and coarse
-                  else _Counts(_diff_prior()) if diff[c] else _Counts(_prior()[min(c, 1)]) for c in range(c_)]
+        counts = [_Counts(*_diff_priors(version)) if diff[c] else _Counts(_prior()[min(c, 1)]) for c in range(c_)]
         for idx in lay.steps:
             for c in range(c_):
                 p = st.inputs(c, idx)
