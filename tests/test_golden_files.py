@@ -29,9 +29,12 @@ def _arith(path: Path) -> str:
 
 def test_golden_files_exist():
     assert {p.stem for p in FILES} >= {"photo-1", "photo-2", "cifar10-1", "photo-x1", "cifar10-x1", "cifar10-x2",
-                                       "seed-x2", "seed-x3", "seed-x4"}
-    assert {p.stem for p in FILES if _arith(p) == "exact64"} == {"photo-x1", "cifar10-x1", "cifar10-x2", "seed-x2",
-                                                                 "seed-x3", "seed-x4"}
+                                       "cifar10-x3", "seed-x2", "seed-x3", "seed-x4"}
+    assert {p.stem for p in FILES if _arith(p) == "exact64"} == {"photo-x1", "cifar10-x1", "cifar10-x2", "cifar10-x3",
+                                                                 "seed-x2", "seed-x3", "seed-x4"}
+    # the two cifar10 models of the zoo: cifar10-1 (files up to 0.4.0) and today's cifar10
+    shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
+    assert shas == {zoo.load_model("cifar10").sha256, zoo.load_model("cifar10-1").sha256}
     # seed codec versions: 1 (no `seed` in the header), 2, 3 and 4
     assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4}
 

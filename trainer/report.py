@@ -45,7 +45,8 @@ def plot_curve(runs: list[str | Path], out: str | Path, title: str = "") -> None
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     lo = min([l.get_ydata().min() for l in ax.lines] + [10])
-    ax.set_ylim(max(0, lo - 0.2), lo + 3)
+    hi = max([l.get_ydata().max() for l in ax.lines] + [lo])
+    ax.set_ylim(max(0, lo - 0.2), min(lo + 3, hi + 0.2))  # a from-scratch run's early steps cut off
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

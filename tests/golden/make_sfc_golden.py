@@ -39,6 +39,8 @@ CASES = {
     # seed codec version 4: red carries its own noise and blue follows (green + red) // 2, so
     # version 4's difference mode (blue against (G + R) // 2, coarse rows mixed in) codes both
     "seed-x4": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"], "chroma4"),
+    # 0.5.0: the cifar10 model of 2026-11-25 (the earlier one is cifar10-1 in the zoo now)
+    "cifar10-x3": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
