@@ -254,36 +254,37 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
 
     if not all(s.color is not None and s.color.shape[0] == 3 and s.extra is None for s in sources):
         return None
-    tiles = [image_tiles(np.ascontiguousarray(s.color.transpose(1, 2, 0)), tile) for s in sources]
-    x = np.concatenate(tiles)
-    weights = np.concatenate([np.full(len(t), s.num_dims / len(t)) for s, t in zip(sources, tiles)])
+    refs = stream.T.plan_tiles([s.color.shape for s in sources], tile)
+    per_image = np.bincount([r.image for r in refs], minlength=len(sources))
+    weights = np.array([sources[r.image].num_dims / per_image[r.image] for r in refs])
+
+    def tiles_at(idx) -> np.ndarray:  # built per batch: never every tile of a large set at once
+        return np.stack([padded_tile(sources[refs[i].image].color, refs[i], tile) for i in idx])
+
     gen = torch.Generator().manual_seed(0)
 
     def evaluate(idx: np.ndarray) -> np.ndarray:
-        xb = torch.from_numpy(x[idx]).to(device)
+        xb = torch.from_numpy(tiles_at(idx)).to(device)
         deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
         terms = likelihood.bound_terms(model.model, xb, deq, n_t=FALLBACK_N_T, generator=gen)
         return terms["bpd_with"].double().cpu().numpy()
 
+    activity = np.concatenate([tile_activity(tiles_at(range(s, min(s + 64, len(refs))))) for s in range(0, len(refs), 64)])
     return sequential_mean(evaluate, weights, tiles_like(64, tile), threshold, FALLBACK_Z, np.random.default_rng(0),
-                           covariate=tile_activity(x))
+                           covariate=activity)
 
 
 def tile_activity(tiles: np.ndarray) -> np.ndarray:
     """Per tile [n, C, h, w] of uint8: the mean of log2(1 + |x - MED|) over its values, MED the
     median edge predictor from the N, W and NW neighbours within the tile (edge-replicated): a
     texture measure that costs nothing beside the model's bound and tracks it (correlation 0.78 -
-    0.84 over the photo model's 64px tiles of four Kodak images). 64 tiles at a time: bounded
-    temporaries on large images."""
-    out = np.empty(len(tiles))
-    for s in range(0, len(tiles), 64):
-        x = tiles[s:s + 64].astype(np.int16)
-        p = np.pad(x, ((0, 0), (0, 0), (1, 0), (1, 0)), mode="edge")
-        n, w, nw = p[..., :-1, 1:], p[..., 1:, :-1], p[..., :-1, :-1]
-        lo, hi = np.minimum(n, w), np.maximum(n, w)
-        med = np.where(nw >= hi, lo, np.where(nw <= lo, hi, n + w - nw))
-        out[s:s + 64] = np.log2(1.0 + np.abs(x - med)).mean(axis=(1, 2, 3))
-    return out
+    0.84 over the photo model's 64px tiles of four Kodak images)."""
+    x = tiles.astype(np.int16)
+    p = np.pad(x, ((0, 0), (0, 0), (1, 0), (1, 0)), mode="edge")
+    n, w, nw = p[..., :-1, 1:], p[..., 1:, :-1], p[..., :-1, :-1]
+    lo, hi = np.minimum(n, w), np.maximum(n, w)
+    med = np.where(nw >= hi, lo, np.where(nw <= lo, hi, n + w - nw))
+    return np.log2(1.0 + np.abs(x - med)).mean(axis=(1, 2, 3))
 
 
 def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict) -> bytes:
@@ -610,17 +611,19 @@ def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray],
     return arrays, names
 
 
+def padded_tile(color: np.ndarray, ref, size: int) -> np.ndarray:
+    """One tile (a tiles.TileRef) of colour planes [C, H, W], edge-padded to [C, size, size]."""
+    blk = stream.T.known_block(color, ref)
+    return np.pad(blk, ((0, 0), (0, size - blk.shape[1]), (0, size - blk.shape[2])), mode="edge")
+
+
 def image_tiles(arr: np.ndarray, size: int = 32) -> np.ndarray:
     """uint8 [H, W, C] -> edge-padded RGB tiles [n, 3, size, size] (gray replicated, alpha dropped)."""
     src = imgs.from_array(arr)
     if src.color is None:
         raise imgs.UnsupportedImageError("palette images with duplicate colours have no colour planes to evaluate")
     c = src.color if src.color.shape[0] == 3 else np.repeat(src.color, 3, axis=0)
-    out = []
-    for y0, x0, h, w in stream.T.tile_grid(c.shape[1], c.shape[2], size):
-        blk = c[:, y0:y0 + h, x0:x0 + w]
-        out.append(np.pad(blk, ((0, 0), (0, size - h), (0, size - w)), mode="edge"))
-    return np.stack(out)
+    return np.stack([padded_tile(c, r, size) for r in stream.T.plan_tiles([c.shape], size)])
 
 
 def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: bool = True, bound: bool = True,

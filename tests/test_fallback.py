@@ -154,9 +154,8 @@ def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatc
 
 
 def test_tile_activity_against_a_pixel_by_pixel_reference():
-    """api.tile_activity (vectorized, 64 tiles at a time) against a plain loop over pixels: the
-    median edge predictor from N, W, NW inside the tile, missing neighbours replicated from the
-    edge. 70 tiles: across a chunk boundary."""
+    """api.tile_activity (vectorized) against a plain loop over pixels: the median edge predictor
+    from N, W, NW inside the tile, missing neighbours replicated from the edge."""
     rng = np.random.default_rng(0)
     tiles = rng.integers(0, 256, (70, 3, 5, 6)).astype(np.uint8)
     tiles[3] = 7  # flat: no residual at all
