@@ -233,7 +233,7 @@ def decompress(input, output, model, device, force, quiet):
     data = _read_sfc(input)
     header = api.read_header(data)
     container.unpack(data)  # a truncated or corrupt payload is the file's fault: say so before looking for a model
-    device = device or header["setup"].get("device", "cpu")
+    device = device or header.get("setup", {}).get("device", "cpu")
     n = sum(run[3] for run in header["images"])
     names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
     if n == 1 and not output.is_dir():
@@ -249,7 +249,9 @@ def decompress(input, output, model, device, force, quiet):
             raise UsageError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")
         if t.parent != output or output.exists():
             _check_output(t, force, [input])
-    m = zoo.load_model(model or header["model"].get("name") or "", device=device) if model else zoo.model_for_header(header, device)
+    m = None  # a seed-only file decodes without a model (--model is then not needed, and unused)
+    if api.needs_model(header):
+        m = zoo.load_model(model, device=device) if model else zoo.model_for_header(header, device)
     t0 = time.perf_counter()
     with _progress(api.work_units(header), "decode", quiet) as tick:
         sources = api.decompress(data, m, device=device, progress=tick)
@@ -278,18 +280,24 @@ def info(input, as_json):
     dims = sum(r[0] * r[1] * {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[r[2]] * r[3] for r in h["images"])
     click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
     click.echo(f"format:    .sfc v{h.get('_format_version', 1)}, written by {h.get('codec', '?')}")
-    made, now = h["model"].get("name", "?"), zoo.shipped_name(h["model"]["sha256"])
-    where = ("not shipped with this installation" if now is None else
-             "shipped" if now == made else f"shipped, now named {now}")
-    click.echo(f"model:     {made} (sha256 {h['model']['sha256']}; {where})")
+    if "model" in h:
+        made, now = h["model"].get("name", "?"), zoo.shipped_name(h["model"]["sha256"])
+        where = ("not shipped with this installation" if now is None else
+                 "shipped" if now == made else f"shipped, now named {now}")
+        unused = "" if api.needs_model(h) else "; not needed to decode: every tile is in the seed codec"
+        click.echo(f"model:     {made} (sha256 {h['model']['sha256']}; {where}{unused})")
+    else:
+        click.echo("model:     none: every tile is in the seed codec (decodes without a model)")
     ms, ss = api.full_settings(h)
     f = h["fields"]
     st = ", ".join(f"{k}={v}" for k, v in sorted(ms.items()))
     if api.seed_only(f):
         st = "unused: every tile is in the seed codec"
     click.echo(f"mode:      {h['mode']} ({st})")
-    s = h["setup"]
-    if s.get("dtype") == "exact64":
+    s = h.get("setup")
+    if s is None:
+        click.echo("setup:     none needed (the seed codec's integer coding decodes on any machine)")
+    elif s.get("dtype") == "exact64":
         click.echo(f"setup:     exact64 arithmetic (decodes on any machine), micro-batch {s.get('micro_batch')}, "
                    f"encoded with torch {s.get('torch')}")
     else:

@@ -21,7 +21,7 @@ from .coding.chain_codec import ChainSettings
 from .coding.evaluator import deterministic_torch
 from .coding.ode_codec import ODESettings
 from .coding.pipeline import ARITHMETICS, MODES, build_tile_codec, steps_per_batch
-from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError
+from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError
 from .estimate import Estimate, sequential_mean
 
 log = logging.getLogger(__name__)
@@ -291,17 +291,19 @@ def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.nda
     """The .sfc bytes of a stream: `head` (what does not depend on the stream) plus its coding."""
     so = seed_only(fields)
     header = {
-        **{k: head[k] for k in ("codec", "model", "mode")},
+        # a seed-only stream decodes without a model or floats: it leaves out the model and the
+        # setup (about 85 of a one-image file's ~160 header bytes, 0.22 bits/dim at 32x32)
+        **{k: head[k] for k in (("codec", "mode") if so else ("codec", "model", "mode"))},
         # a seed-only stream leaves out the mode's settings: they cannot change its decoding, and
         # the header weighs most on such files (one small image)
         "settings": {} if so else _non_default(settings, FORMAT_DEFAULTS[head["mode"]]),
         # and of the stream's, all but the tile size (the tile count depends on it), max_batch
-        # (the decoder bounds max_batch x tile^2; a whole-image tile comes with max_batch 1) and
+        # (the decoder bounds max_batch x tile^2; a whole-image tile above 64px comes with max_batch 1) and
         # the seed codec's version
         "stream": _non_default({"tile": ss.tile, "max_batch": ss.max_batch, "seed": ss.seed} if so else ss.to_dict(),
                                FORMAT_DEFAULTS["stream"]),
         "fields": fields,
-        **{k: v for k, v in head.items() if k not in ("codec", "model", "mode")},
+        **{k: v for k, v in head.items() if k not in ("codec", "model", "mode") and not (so and k == "setup")},
     }
     return container.pack(header, payload)
 
@@ -311,6 +313,12 @@ def seed_only(fields: dict) -> bool:
     return fields["n_tiles"] == fields["n_seed"]
 
 
+def needs_model(header: dict) -> bool:
+    """Whether decoding this (validated) header runs a model: not for a seed-only stream, whose
+    header names no model since 0.6.0 (older such files name one, which decoding ignores)."""
+    return not seed_only(header["fields"])
+
+
 def read_header(data: bytes) -> dict:
     """The header of .sfc bytes, structurally validated (no decoding)."""
     header = container.peek_header(data)
@@ -318,15 +326,37 @@ def read_header(data: bytes) -> dict:
     return header
 
 
+def _release(v) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(p) for p in str(v).split("."))
+    except ValueError:
+        return None
+
+
 def _validate(h: dict) -> None:
+    """Structure and bounds of a header; what a newer release wrote and this one refuses says so."""
+    try:
+        _validate_fields(h)
+    except BadFileError as e:
+        made, this = _release(h.get("codec")), _release(__version__)
+        if made is not None and this is not None and made > this:
+            raise UnsupportedVersionError(f"{e} (the file was written by scoreflow-codec {h['codec']}, newer than "
+                                          f"this {__version__}: upgrade to decode it)") from None
+        raise
+
+
+def _validate_fields(h: dict) -> None:
     req = container.require
-    req(h, "model", dict)
-    req(h["model"], "sha256", str)
     req(h, "mode", str)
     req(h, "settings", dict)
     req(h, "stream", dict)
     req(h, "fields", dict)
-    req(h, "setup", dict)
+    for k in ("n_seed", "n_tiles"):
+        req(h["fields"], k, int)
+    if "model" in h or not seed_only(h["fields"]):  # a seed-only stream may name no model and setup
+        req(h, "model", dict)
+        req(h["model"], "sha256", str)
+        req(h, "setup", dict)
     req(h, "images", list)
     req(h, "crc32", int)
     if h["mode"] not in MODES:
@@ -396,12 +426,14 @@ def _validate_coding(h: dict) -> None:
     if stream_settings["max_batch"] * stream_settings["tile"] ** 2 > MAX_BATCH_PIXELS:
         raise BadFileError("corrupt header: stream batches of more than "
                            f"{MAX_BATCH_PIXELS} pixels (max_batch x tile^2)")
-    setup = h["setup"]
-    for k in ("device", "dtype", "torch"):
-        container.require(setup, k, str)
-    for k in ("micro_batch", "threads"):
-        container.require(setup, k, int)
-    _check_values("setup", setup, _SETTING_RULES["setup"], False)
+    if "setup" in h:
+        container.require(h, "setup", dict)
+        setup = h["setup"]
+        for k in ("device", "dtype", "torch"):
+            container.require(setup, k, str)
+        for k in ("micro_batch", "threads"):
+            container.require(setup, k, int)
+        _check_values("setup", setup, _SETTING_RULES["setup"], False)
     fields = h["fields"]
     for k in _SETTING_RULES["fields"]:
         container.require(fields, k, int)
@@ -443,7 +475,13 @@ def _stream_shapes(h: dict) -> list:
 
 
 def check_setup(h: dict, model, device: str) -> None:
-    """Refuse what we can't reproduce: another model, another device class."""
+    """Refuse what we can't reproduce: another model, another device class. A seed-only stream
+    runs neither model nor floats: nothing to check (the pixel CRC still checks the decode)."""
+    if not needs_model(h):
+        return
+    if model is None:
+        raise ModelMismatchError(f"file was made with model {h['model'].get('name', '?')} "
+                                 f"(sha256 {h['model']['sha256'][:12]}...): decoding it needs that model")
     if h["model"]["sha256"] != model.sha256:
         raise ModelMismatchError(
             f"file was made with model {h['model'].get('name', '?')} (sha256 {h['model']['sha256'][:12]}...), "
@@ -470,6 +508,8 @@ def check_setup(h: dict, model, device: str) -> None:
 
 def _why(h: dict) -> str:
     """What a payload that passed its CRC but does not decode points to (same words as the CRC check)."""
+    if not needs_model(h):
+        return "; the file is corrupt (its seed codec's coding is exact: any machine decodes an intact file)"
     st = h["setup"]
     if st.get("dtype") == "exact64":
         return "; the file is corrupt (its arithmetic is exact: any machine decodes an intact file)"
@@ -493,23 +533,26 @@ def _check_arith(arith: str, device: str) -> None:
                        f"{_device_class(device)}, whose files then decode only there)")
 
 
-def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int], None] | None = None
+def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[[int], None] | None = None
                ) -> list[imgs.SourceImage]:
-    """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches."""
+    """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches. model: the
+    file's model (None will do for a seed-only file, see needs_model)."""
     header, payload = container.unpack(data)
     _validate(header)
     check_setup(header, model, device)
     shapes = _stream_shapes(header)
+    use_model = needs_model(header)
     try:
         mode_settings, stream_settings = full_settings(header)
         ss = stream.StreamSettings.from_dict(stream_settings)
         codec = build_tile_codec(model.model, model.dequantizer, model.sde, header["mode"], mode_settings,
-                                 int(header["setup"]["micro_batch"]), device, _eps_mse(model), header["setup"]["dtype"])
+                                 int(header["setup"]["micro_batch"]), device, _eps_mse(model), header["setup"]["dtype"]
+                                 ) if use_model else stream.NO_MODEL
     except (TypeError, ValueError, KeyError) as e:
         raise BadFileError(f"corrupt header: bad coding settings ({e})") from None
     prev_threads = torch.get_num_threads()
-    threads = header["setup"].get("threads")
-    if isinstance(threads, int) and threads >= 1 and header["setup"]["dtype"] != "exact64":
+    threads = header.get("setup", {}).get("threads")
+    if use_model and isinstance(threads, int) and threads >= 1 and header["setup"]["dtype"] != "exact64":
         torch.set_num_threads(threads)
     try:
         with deterministic_torch():
@@ -536,7 +579,8 @@ def decompress(data: bytes, model, device: str = "cpu", progress: Callable[[int]
 def work_units(header: dict) -> int:
     """Progress ticks (solver steps x tiles) of decoding a file with this header."""
     ms, _ = full_settings(header)
-    return steps_per_batch(header["mode"], ms["steps"]) * header["fields"]["n_tiles"]
+    steps = steps_per_batch(header["mode"], ms["steps"]) if needs_model(header) else stream.NO_MODEL.steps_per_batch()
+    return steps * header["fields"]["n_tiles"]
 
 
 def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, settings: dict | None = None,

@@ -210,6 +210,17 @@ def good_sfc(tmp_path_factory, model_a) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def model_sfc(tmp_path_factory, model_a) -> Path:
+    """A .sfc whose tiles the model coded (model A, 8px tiles; a one-tile file is the seed codec's)."""
+    d = tmp_path_factory.mktemp("coded")
+    src = save_png(Image.fromarray(_smooth_rgb(32, 32), "RGB"), d / "src.png")
+    out = d / "coded.sfc"
+    assert_ok(sfcodec("compress", src, "-o", out, "--model", model_a, "--tile", "8", "--steps", STEPS["chain"],
+                      "--no-fallback", "-q"))
+    return out
+
+
 # --- round trips ------------------------------------------------------------------------------
 KINDS = ["cifar", "rgb_31x33", "rgb_1x1", "rgb_1x17", "L", "1", "RGBA", "RGBA_const", "LA",
          "P_trns_index", "P_trns_alpha", "P_duplicates", "kodak_crop"]
@@ -315,22 +326,22 @@ def test_info(good_sfc):
     r = sfcodec("info", good_sfc)
     assert_ok(r)
     out = r.stdout
-    # one 8x8 image is one tile, coded by the seed codec: the chain's settings are left out
-    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     tiny-0", "not shipped with this installation", "mode:      chain",
-                  "unused: every tile is in the seed codec", "images:    1", "1 x 8x8 RGB", "stream:"):
+    # one 8x8 image is one tile, coded by the seed codec: the chain's settings, the model and the
+    # setup are left out (it decodes without them)
+    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     none", "decodes without a model", "mode:      chain",
+                  "unused: every tile is in the seed codec", "setup:     none needed", "images:    1", "1 x 8x8 RGB", "stream:"):
         assert words in out, (words, out)
     h = json.loads(sfcodec("info", good_sfc, "--json").stdout)
     assert h["mode"] == "chain" and h["settings"] == {} and h["images"] == [[8, 8, "RGB", 1]]
-    assert h["meta"]["0"]["name"] == "src.png" and len(h["model"]["sha256"]) == 64
+    assert h["meta"]["0"]["name"] == "src.png" and "model" not in h and "setup" not in h
 
 
-def test_info_of_a_file_the_model_coded(tmp_path, model_a):
-    src = save_png(Image.fromarray(_smooth_rgb(32, 32), "RGB"), tmp_path / "src.png")
-    out = tmp_path / "tiles.sfc"
-    assert_ok(sfcodec("compress", src, "-o", out, "--model", model_a, "--tile", "8", "--steps", STEPS["chain"],
-                      "--no-fallback", "-q"))
+def test_info_of_a_file_the_model_coded(model_sfc):
+    out = model_sfc
     r = sfcodec("info", out)
     assert_ok(r)
+    assert "model:     tiny-0" in r.stdout and "not shipped with this installation" in r.stdout, r.stdout
+    assert "setup:     exact64 arithmetic" in r.stdout, r.stdout
     assert f"steps={STEPS['chain']}" in r.stdout and "schedule=calibrated" in r.stdout, r.stdout
     assert "batching=bits" in r.stdout, r.stdout
     h = json.loads(sfcodec("info", out, "--json").stdout)
@@ -551,22 +562,32 @@ def test_missing_and_directory_sfc(tmp_path, model_a):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.sfc"]
 
 
-def test_wrong_model(tmp_path, good_sfc, models):
-    """A file made with model A, decoded with model B (same preset, other weights) or with none."""
+def test_wrong_model(tmp_path, model_sfc, models):
+    """A file the model A coded, decoded with model B (same preset, other weights) or with none."""
     out = tmp_path / "out.png"
-    assert_error(sfcodec("decompress", good_sfc, "-o", out, "--model", models["B"]), EXIT["model"],
+    assert_error(sfcodec("decompress", model_sfc, "-o", out, "--model", models["B"]), EXIT["model"],
                  "tiny-0", "tiny-1", "--model")
-    assert_error(sfcodec("decompress", good_sfc, "-o", out, "-q"), EXIT["model"], "tiny-0", "--model")
+    assert_error(sfcodec("decompress", model_sfc, "-o", out, "-q"), EXIT["model"], "tiny-0", "--model")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_missing_model(tmp_path, image, good_sfc):
+def test_a_seed_codec_file_decodes_without_its_model(tmp_path, good_sfc, models):
+    """Every tile of good_sfc is in the seed codec: it names no model and decodes with none (model
+    A, which made it, is not shipped), and any --model given is not used."""
+    src = good_sfc.parent / "src.png"
+    assert_ok(sfcodec("decompress", good_sfc, "-o", tmp_path / "a.png", "-q"))
+    assert_same_pixels(src, tmp_path / "a.png")
+    assert_ok(sfcodec("decompress", good_sfc, "-o", tmp_path / "b.png", "--model", models["B"], "-q"))
+    assert_same_pixels(src, tmp_path / "b.png")
+
+
+def test_missing_model(tmp_path, image, model_sfc):
     src = image("rgb_1x1")
     missing = tmp_path / "gone.safetensors"
     before = listing(tmp_path)
     assert_error(sfcodec("compress", src, "-o", tmp_path / "f.sfc", "--model", missing, "--mode", "chain"),
                  EXIT["model"], "gone.safetensors")
-    assert_error(sfcodec("decompress", good_sfc, "-o", tmp_path / "o.png", "--model", missing), EXIT["model"],
+    assert_error(sfcodec("decompress", model_sfc, "-o", tmp_path / "o.png", "--model", missing), EXIT["model"],
                  "gone.safetensors")
     assert_error(sfcodec("verify", src, "--model", "no-such-zoo-model"), EXIT["model"], "no-such-zoo-model")
     assert listing(tmp_path) == before

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from scoreflow_codec import api, container, images
+from scoreflow_codec.errors import BadFileError, ModelMismatchError, UnsupportedVersionError
 from scoreflow_codec.coding.seed_codec import LATEST as LATEST_SEED
 
 from coding_models import gaussian_images, loaded_gaussian
@@ -66,6 +67,38 @@ def test_the_seed_codec_alone_takes_over_where_it_is_smaller(model):
     assert header["fields"]["n_tiles"] == header["fields"]["n_seed"] == 1
     # its codelength is what the report predicted, to the 32-bit word
     assert abs(rep.payload_bits - rep.predicted_bits) <= 32 * 4
+
+
+def test_a_seed_only_file_names_no_model_and_decodes_without_one(model):
+    """The seed codec's file carries neither the model nor the setup (0.6.0): on one 32x32 image
+    that is about 85 of its header's bytes. It decodes with no model; a file the model coded does not."""
+    rng = np.random.default_rng(3)
+    arr = np.clip(_gradient(32, 32).astype(int) + rng.integers(-3, 4, (32, 32, 3)), 0, 255).astype(np.uint8)
+    src = [images.from_array(arr)]
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="both")
+    assert rep.coded_by == "seed"
+    header, _ = container.unpack(data)
+    assert "model" not in header and "setup" not in header and not api.needs_model(header)
+    assert rep.header_bytes <= 28 + 60, rep.header_bytes  # 163 bytes with the model and setup (0.5.0)
+    api.check_identical(src, api.decompress(data, None))
+    api.check_identical(src, api.decompress(data, model))  # a model given is not used
+    coded, rep = api.compress([images.from_array(_in_distribution(model))], model, "ode", SETTINGS)
+    assert rep.coded_by == "model" and api.needs_model(container.unpack(coded)[0])
+    with pytest.raises(ModelMismatchError, match="needs that model"):
+        api.decompress(coded, None)
+
+
+def test_a_newer_release_s_header_says_so(model):
+    """A header this release refuses, written by a later release, says to upgrade (not just "corrupt")."""
+    data, _ = api.compress([images.from_array(_gradient())], model, "ode", SETTINGS, fallback="both")
+    header, payload = container.unpack(data)
+    header["stream"]["some_new_setting"] = 1
+    with pytest.raises(BadFileError, match="corrupt header") as plain:
+        api.read_header(container.pack(header, payload))
+    assert not isinstance(plain.value, UnsupportedVersionError)
+    header["codec"] = "99.0.0"
+    with pytest.raises(UnsupportedVersionError, match=r"written by scoreflow-codec 99\.0\.0, newer .* upgrade"):
+        api.read_header(container.pack(header, payload))
 
 
 def test_several_images_and_no_colour(model):

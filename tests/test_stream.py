@@ -149,7 +149,8 @@ def test_seed_only_stream_codes_whole_images_for_their_seed_bits():
     never called), the payload = the seed codec's predicted bits plus at most the ANS head."""
     imgs = _images(5)
     st = stream.seed_only_settings([im.color_shape for im in imgs])
-    assert st.tile == 64 and st.max_batch == 1
+    assert st.tile == 64 and st.max_batch == StreamSettings.max_batch  # the default up to 64px: left out of headers
+    assert stream.seed_only_settings([(3, 65, 20)]).max_batch == 1  # above: 1 (max_batch x tile^2 stays small)
     codec = FakeBitsBackCodec()
     _, fields, rep = _round_trip(imgs, st, codec)
     assert fields["n_seed"] == fields["n_tiles"] == len(imgs) and rep.batches == []

@@ -113,6 +113,25 @@ def resolve(settings: StreamSettings, codec: TileModelCodec, n_tiles: int) -> tu
     return n_seed, pad
 
 
+class _NoModel:
+    """The TileModelCodec of a seed-only stream's decoder: no tile reaches it (every tile is in the
+    seed codec), so a file decodes without loading any model."""
+    bits_log = None
+
+    def push(self, m, tiles, progress=None):
+        raise ValueError("this stream codes every tile with the seed codec: it has no model")
+
+    pop = push
+
+    def deficit_bits_per_dim(self) -> float:
+        return 0.0
+
+    def steps_per_batch(self) -> int:
+        return 1
+
+
+NO_MODEL = _NoModel()
+
 SEED_ONLY_MAX_TILE = 1024  # the largest tile the format allows (api._SETTING_RULES)
 
 
@@ -120,12 +139,15 @@ def seed_only_settings(shapes: list[tuple[int, int, int]]) -> StreamSettings:
     """A stream of the seed codec alone: every image's colour planes (shapes: (C, H, W), C may be 0)
     in as few tiles as the format allows, one per image up to 1024x1024, so that the seed codec's
     adaptive statistics and causal context run over the whole image (kodim01-06: 3.026 bits/dim
-    whole, 3.093 in 64px tiles). max_batch 1 keeps max_batch x tile^2 within what a decoder accepts; two
-    padding words: nothing is popped, the stack only needs a start."""
+    whole, 3.093 in 64px tiles). No batch is ever coded, so max_batch only has to keep max_batch x
+    tile^2 within what a decoder accepts: the default (which the header leaves out: a few bytes of a
+    32x32 image's file) up to 64px tiles, 1 above; two padding words: nothing is popped, the stack
+    only needs a start."""
     side = max([max(h, w) for c, h, w in shapes if c] or [4])
     tile = min(max(side, 4), SEED_ONLY_MAX_TILE)
     n_tiles = len(T.plan_tiles(shapes, tile))
-    return StreamSettings(tile=tile, n_seed=n_tiles, max_batch=1, pad_words=2)
+    max_batch = StreamSettings.max_batch if tile <= 64 else 1
+    return StreamSettings(tile=tile, n_seed=n_tiles, max_batch=max_batch, pad_words=2)
 
 
 def need_bits(refs: list[T.TileRef], channels: list[int], size: int, deficit: float) -> float:

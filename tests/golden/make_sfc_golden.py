@@ -41,6 +41,9 @@ CASES = {
     "seed-x4": ("photo", [(192, 128), (40, 24)], ["--fallback", "both", "--steps", "16"], "chroma4"),
     # 0.5.0: the cifar10 model of 2026-11-25 (the earlier one is cifar10-1 in the zoo now)
     "cifar10-x3": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.6.0: a seed-only file's header names no model and no setup (one 32x32 image: one tile,
+    # always the seed codec's)
+    "seed-h6": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
 }
 
 
