@@ -44,6 +44,8 @@ CASES = {
     # 0.6.0: a seed-only file's header names no model and no setup (one 32x32 image: one tile,
     # always the seed codec's)
     "seed-h6": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
+    # 0.6.0: the cifar10 model of 0.6.0 (0.5.0's is cifar10-2 in the zoo now)
+    "cifar10-x4": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
