@@ -270,7 +270,7 @@ def test_shipped_model(shared_data, tmp_path):
 def test_round_trip_through_the_model(image, model_a, tmp_path, mode):
     """A filler image takes the seed tiles; the score model codes the rest, in both modes: an odd-sized
     RGB image (edge pixels latent) and a gray one (colour channels latent), with alpha in chain mode."""
-    seed_tiles = {"ode": 4, "chain": 5}[mode]
+    seed_tiles = {"ode": 10, "chain": 5}[mode]  # ODE: its deficit, 22.1 bits/dim (0.6.0), against 14.05
     filler = save_png(Image.fromarray(_smooth_rgb(32, 32 * seed_tiles), "RGB"), tmp_path / "filler.png")
     kinds = ["L"] if mode == "ode" else ["rgb_31x33", "L", "LA", "RGBA"]  # ODE: ~3 s a tile on one core
     srcs = [filler] + [image(k) for k in kinds]
