@@ -161,8 +161,8 @@ FALLBACK_OPTION = click.option(
     help="Also code the images with the package's classical seed codec alone and keep the smaller file. "
          "auto: the model's stream is coded only if the model's bound (estimated in seconds from a sample of "
          "the tiles) is not above the "
-         "seed codec's file; both: always code both; off: the model's stream only. Decoding needs the model "
-         "named in the file either way.")
+         "seed codec's file; both: always code both; off: the model's stream only. A file of the model's stream "
+         "decodes with the model it names; a seed codec file needs no model.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
 ARITH_OPTION = click.option(
     "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,

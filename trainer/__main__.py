@@ -6,6 +6,7 @@
   python -m trainer train --out runs/tiny --steps 600          # resume: same --out, more steps
   torchrun --nproc_per_node 4 -m trainer train --preset base ...  # several GPUs (DDP)
   python -m trainer export runs/tiny -o tiny.safetensors
+  python -m trainer device-prep --data ... --eval-data ... --run runs/x  # a chunk on a lent GPU
   sfcodec compress img.png -o img.sfc --model tiny.safetensors
 """
 from __future__ import annotations
@@ -58,7 +59,9 @@ def main() -> None:
 @click.option("--device", default=None, help="cpu | cuda (default: cuda if available).")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--no-progress", is_flag=True, default=False)
-def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, freeze_model, **kw):
+@click.option("--compact-checkpoint", is_flag=True, default=False,
+              help="Store checkpoints in 8 bytes per parameter instead of 16 (for GPU chunks; see docs/TRAINING.md).")
+def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, freeze_model, compact_checkpoint, **kw):
     """Train (or resume) a run."""
     import torch
 
@@ -76,6 +79,8 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
         kw["bf16"] = False
     if freeze_model:
         kw["freeze_model"] = True
+    if compact_checkpoint:
+        kw["compact_checkpoint"] = True
     cfg = base.override(**kw)
     if not cfg.data:
         raise click.UsageError("--data is required for a new run")
@@ -102,6 +107,44 @@ def export(run, output, fp16, name, calib_images):
 
     sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images)
     click.echo(f"{output}: sha256 {sha}")
+
+
+@main.command("device-prep")
+@click.option("--data", required=True, help="Training .npz or folder (written to .device_data/train as WebP).")
+@click.option("--eval-data", required=True, help="Held-out .npz or folder (its first --eval-images go).")
+@click.option("--run", "run_dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The run to continue (its checkpoint travels in the compact layout).")
+@click.option("--init-from", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Or a model file to start a new run from.")
+@click.option("--minutes", type=float, default=7.0, show_default=True, help="Training time of the chunk.")
+@click.option("--eval-images", type=int, default=128, show_default=True)
+@click.option("--train-args", default="", help='More trainer options, e.g. "--preset small --batch 128".')
+@click.option("--repo", default=".", type=click.Path(exists=True, file_okay=False, path_type=Path), show_default=True)
+def device_prep(data, eval_data, run_dir, init_from, minutes, eval_images, train_args, repo):
+    """Prepare one GPU training chunk in .device_data/ (checks the 64 MiB the device call takes)."""
+    from .device import describe, prepare
+
+    try:
+        sizes = prepare(repo, data, eval_data, run_dir, init_from, minutes, eval_images, train_args)
+    except (ValueError, FileNotFoundError) as e:
+        click.echo(f"trainer: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(describe(sizes))
+
+
+@main.command("device-unpack")
+@click.argument("returned", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--run", "run_dir", required=True, type=click.Path(path_type=Path), help="Local run directory.")
+def device_unpack(returned, run_dir):
+    """Put what a GPU chunk returned (its $OUT files) into a local run directory."""
+    from .device import unpack
+
+    try:
+        state = unpack(returned, run_dir)
+    except (ValueError, FileNotFoundError) as e:
+        click.echo(f"trainer: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"{run_dir}: checkpoint at step {state['step']}")
 
 
 @main.command()

@@ -5,6 +5,14 @@ A checkpoint directory holds
   weights-000.safetensors ...  every tensor: "net.*", "ema.*" (model + dequantizer), "opt.*"
 Writing goes to a temporary directory that replaces the old one at the end, so an interrupted
 save never leaves a half checkpoint.
+
+A compact checkpoint (`compact=True`, the trainer's `--compact-checkpoint`: the state that travels
+to a lent GPU and back, where the whole working tree must fit 64 MiB) stores 8 bytes per parameter
+instead of 16: the trained weights in float32 as they are, each EMA tensor as its difference from
+them in bfloat16 ("emadelta.*": the EMA lies close to the weights, so the error is 2^-9 of a small
+difference), Adam's second moments in bfloat16, and not its first moments, which restart at zero
+(an average over about 10 steps: the next 10 - 20 updates are damped, nothing more). Loading
+expands it back, so callers always see the full layout.
 """
 from __future__ import annotations
 
@@ -17,6 +25,38 @@ import torch
 from safetensors.torch import load_file, save_file
 
 MAX_SHARD_BYTES = 15 * 1024 * 1024
+_DELTA = "emadelta."
+
+
+def compact(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The compact layout (module doc) of a full checkpoint's tensors."""
+    out = {}
+    for k, v in tensors.items():
+        if k.startswith("ema.") and v.is_floating_point() and f"net.{k[4:]}" in tensors:
+            out[_DELTA + k[4:]] = (v.float() - tensors[f"net.{k[4:]}"].float()).to(torch.bfloat16)
+        elif k.startswith("opt.") and k.endswith(".exp_avg"):
+            continue
+        elif k.startswith("opt.") and k.endswith(".exp_avg_sq") and v.dtype == torch.float32:
+            out[k] = v.to(torch.bfloat16)
+        else:
+            out[k] = v
+    return out
+
+
+def expand(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The full layout back from a compact one (first moments zero, the rest float32)."""
+    out = {}
+    for k, v in tensors.items():
+        if k.startswith(_DELTA):
+            net = tensors[f"net.{k[len(_DELTA):]}"]
+            out[f"ema.{k[len(_DELTA):]}"] = (net.float() + v.float()).to(net.dtype)
+        elif k.startswith("opt.") and k.endswith(".exp_avg_sq"):
+            v = v.float()
+            out[k] = v
+            out[k[:-len("_sq")]] = torch.zeros_like(v)
+        else:
+            out[k] = v
+    return out
 
 
 def _shards(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -61,8 +101,10 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     opt.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
 
 
-def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], state: dict) -> None:
+def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], state: dict, compact_state: bool = False) -> None:
     path = Path(path)
+    if compact_state:
+        tensors, state = compact(tensors), {**state, "compact": True}
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -92,4 +134,4 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     tensors: dict[str, torch.Tensor] = {}
     for name in state["shards"]:
         tensors.update(load_file(str(path / name), device=str(device)))
-    return tensors, state
+    return (expand(tensors) if state.get("compact") else tensors), state

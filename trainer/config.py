@@ -38,6 +38,7 @@ class TrainConfig:
     eval_images: int = 128
     eval_n_t: int = 64
     save_every: int = 2000
+    compact_checkpoint: bool = False      # 8 bytes per parameter instead of 16 (checkpoint.py)
     bf16: bool = True                     # autocast to bf16 on CUDA
     extra: dict = field(default_factory=dict)
 

@@ -196,7 +196,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         tensors.update(ot)
         state = {"step": step, "elapsed": elapsed_total + time.perf_counter() - t_start, "images": images_seen,
                  "optimizer": oscal, "config": cfg.to_dict(), "model_config": mconfig, "last": last}
-        ckpt.save_checkpoint(ck, tensors, state)
+        ckpt.save_checkpoint(ck, tensors, state, compact_state=cfg.compact_checkpoint)
 
     try:
         while step < cfg.steps:

@@ -1,0 +1,113 @@
+"""GPU training chunks (trainer/device.py, docs/TRAINING.md): the compact checkpoint keeps the state
+to within bfloat16 of the EMA's distance from the weights, and a whole chunk (prepare, run the
+chunk script as the device would, unpack, resume) works end to end on the CPU."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer import checkpoint as ckpt
+from trainer import device
+from trainer.config import TrainConfig
+from trainer.train import train
+
+
+def _state(n: int = 4096, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, generator=g)
+    return {"net.model.w": w, "ema.model.w": w + 1e-3 * torch.randn(n, generator=g),
+            "net.model.count": torch.tensor([7]), "ema.model.count": torch.tensor([7]),
+            "opt.0.exp_avg": 1e-4 * torch.randn(n, generator=g),
+            "opt.0.exp_avg_sq": 1e-8 * torch.rand(n, generator=g)}
+
+
+def test_compact_checkpoint_keeps_the_state(tmp_path):
+    full = _state()
+    ckpt.save_checkpoint(tmp_path / "full", full, {"step": 3})
+    ckpt.save_checkpoint(tmp_path / "small", full, {"step": 3}, compact_state=True)
+    size = lambda d: sum(f.stat().st_size for f in d.glob("*.safetensors"))
+    assert size(tmp_path / "small") < 0.55 * size(tmp_path / "full")  # 8 bytes a parameter, not 16
+    back, state = ckpt.load_checkpoint(tmp_path / "small")
+    assert state["step"] == 3 and state["compact"] and set(back) == set(full)
+    assert torch.equal(back["net.model.w"], full["net.model.w"])  # the weights exactly
+    assert torch.equal(back["ema.model.count"], full["ema.model.count"])
+    delta = (full["ema.model.w"] - full["net.model.w"]).abs()
+    assert torch.all((back["ema.model.w"] - full["ema.model.w"]).abs() <= 2 ** -8 * delta + 1e-12)
+    assert not torch.equal(back["ema.model.w"], back["net.model.w"])
+    rel = (back["opt.0.exp_avg_sq"] - full["opt.0.exp_avg_sq"]).abs() / full["opt.0.exp_avg_sq"]
+    assert float(rel.max()) <= 2 ** -8 and back["opt.0.exp_avg_sq"].dtype == torch.float32
+    assert torch.count_nonzero(back["opt.0.exp_avg"]) == 0  # first moments restart at zero
+
+
+@pytest.fixture(scope="module")
+def tiny_data(shared_data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("chunkdata")
+    with np.load(shared_data / "cifar10" / "train.npz") as z:
+        np.savez(d / "train.npz", images=z["images"][:64])
+    with np.load(shared_data / "cifar10" / "test.npz") as z:
+        np.savez(d / "test.npz", images=z["images"][:16])
+    return d
+
+
+def _git_repo(path: Path) -> Path:
+    path.mkdir()
+    (path / ".gitignore").write_text("/.device_data/\n")
+    (path / "model.bin").write_bytes(os.urandom(50_000))  # stands for the tracked files
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+    return path
+
+
+def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
+    cfg = TrainConfig(preset="tiny", dequant="uniform", data=str(tiny_data / "train.npz"),
+                      eval_data=str(tiny_data / "test.npz"), batch=8, warmup=2, eval_images=8, eval_n_t=2,
+                      eval_every=0, save_every=0, steps=3, bf16=False)
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    before, _ = ckpt.load_checkpoint(run / "checkpoint")
+
+    repo = _git_repo(tmp_path / "repo")
+    sizes = device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), run=run,
+                           eval_images=8, train_args="--steps 5 --batch 8 --eval-n-t 2 --threads 1")
+    assert sizes["tracked"] >= 50_000 and sizes["carried"] > 0 and sizes["total"] <= device.TRAVEL_LIMIT
+    dd = repo / device.FOLDER
+    assert len(list((dd / "train").glob("*.webp"))) == 64
+    # the device: the chunk script in a copy of the tree, $OUT an empty folder
+    out = tmp_path / "OUT"
+    out.mkdir()
+    r = subprocess.run(["bash", ".device_data/chunk.sh"], cwd=repo, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    back = sorted(p.name for p in out.iterdir())
+    assert "state.json" in back and "train.log" in back and len(back) <= device.RETURN_FILES
+    assert all((out / f).stat().st_size <= device.RETURN_FILE_BYTES for f in back)
+
+    local = tmp_path / "local"
+    state = device.unpack(out, local)
+    assert state["step"] == 5 and state["compact"]
+    after, _ = ckpt.load_checkpoint(local / "checkpoint")
+    assert set(after) == set(before)
+    k = next(k for k in after if k.startswith("ema.model.") and after[k].is_floating_point())
+    assert not torch.equal(after[k], before[k])  # it trained on
+    # and resumes here, from the unpacked checkpoint (its data now the chunk's folder in the repo)
+    cfg2 = cfg.override(steps=6, data=str(dd / "train"), eval_data=str(dd / "test.npz"), compact_checkpoint=True)
+    assert train(cfg2, local, progress=False)["step"] == 6
+
+
+def test_prepare_refuses_what_would_not_travel(tiny_data, tmp_path):
+    repo = _git_repo(tmp_path / "repo")
+    with pytest.raises(ValueError, match="MiB would travel"):
+        device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), limit=60_000)
+
+
+def test_unpack_refuses_an_incomplete_return(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "state.json").write_text(json.dumps({"step": 1, "shards": ["weights-000.safetensors"]}))
+    with pytest.raises(FileNotFoundError, match="shards missing"):
+        device.unpack(tmp_path / "r", tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoint").exists()
