@@ -29,3 +29,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def cifar_subset(shared_data: Path, folder: Path, n_train: int, n_test: int) -> Path:
+    """folder/train.npz and folder/test.npz: the first images of the shared CIFAR-10 sets."""
+    import numpy as np
+
+    for name, n in (("train", n_train), ("test", n_test)):
+        with np.load(shared_data / "cifar10" / f"{name}.npz") as z:
+            np.savez(folder / f"{name}.npz", images=z["images"][:n])
+    return folder

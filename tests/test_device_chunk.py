@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+from conftest import cifar_subset
 from trainer import checkpoint as ckpt
 from trainer import device
 from trainer.config import TrainConfig
@@ -46,12 +46,7 @@ def test_compact_checkpoint_keeps_the_state(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_data(shared_data, tmp_path_factory):
-    d = tmp_path_factory.mktemp("chunkdata")
-    with np.load(shared_data / "cifar10" / "train.npz") as z:
-        np.savez(d / "train.npz", images=z["images"][:64])
-    with np.load(shared_data / "cifar10" / "test.npz") as z:
-        np.savez(d / "test.npz", images=z["images"][:16])
-    return d
+    return cifar_subset(shared_data, tmp_path_factory.mktemp("chunkdata"), 64, 16)
 
 
 def _git_repo(path: Path) -> Path:

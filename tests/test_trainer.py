@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from scoreflow_codec.modelfile import load_model_file
+from conftest import cifar_subset
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.data import CropSampler, center_crops, load_images
@@ -22,12 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cifar_small(shared_data, tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    with np.load(shared_data / "cifar10" / "train.npz") as z:
-        np.savez(d / "train.npz", images=z["images"][:512])
-    with np.load(shared_data / "cifar10" / "test.npz") as z:
-        np.savez(d / "test.npz", images=z["images"][:64])
-    return d
+    return cifar_subset(shared_data, tmp_path_factory.mktemp("data"), 512, 64)
 
 
 def _cfg(data, **kw):
