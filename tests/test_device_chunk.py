@@ -71,7 +71,8 @@ def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
                            eval_images=8, train_args="--steps 5 --batch 8 --eval-n-t 2 --threads 1")
     assert sizes["tracked"] >= 50_000 and sizes["carried"] > 0 and sizes["total"] <= device.TRAVEL_LIMIT
     dd = repo / device.FOLDER
-    assert len(list((dd / "train").glob("*.webp"))) == 64
+    assert len(list((dd / "train").glob("*.webp"))) == 64 == sizes["train_images"]
+    assert len(list((dd / "test").glob("*.webp"))) == 8
     # the device: the chunk script in a copy of the tree, $OUT an empty folder
     out = tmp_path / "OUT"
     out.mkdir()
@@ -90,13 +91,24 @@ def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
     k = next(k for k in after if k.startswith("ema.model.") and after[k].is_floating_point())
     assert not torch.equal(after[k], before[k])  # it trained on
     # and resumes here, from the unpacked checkpoint (its data now the chunk's folder in the repo)
-    cfg2 = cfg.override(steps=6, data=str(dd / "train"), eval_data=str(dd / "test.npz"), compact_checkpoint=True)
+    cfg2 = cfg.override(steps=6, data=str(dd / "train"), eval_data=str(dd / "test"), compact_checkpoint=True)
     assert train(cfg2, local, progress=False)["step"] == 6
 
 
-def test_prepare_refuses_what_would_not_travel(tiny_data, tmp_path):
+def test_the_data_takes_the_room_that_is_left(tiny_data, tmp_path):
+    """Where not all training images fit (photographs), a random part goes, another per seed; where
+    not even the tracked files and the state leave room, prepare refuses."""
     repo = _git_repo(tmp_path / "repo")
-    with pytest.raises(ValueError, match="MiB would travel"):
+    tracked = device.travel_size(repo, repo / "none")["tracked"]
+    limit = tracked + (1 << 20) + 60_000  # about 30 of the 64 images, and the held-out ones
+    a = device.prepare(repo, str(tiny_data / "train.npz"), limit=limit, data_seed=1)
+    names_a = sorted(p.name for p in (repo / device.FOLDER / "train").iterdir())
+    assert a["total"] <= limit and 0 < a["train_images"] < a["train_images_all"] == 64 - 6
+    assert a["eval_images"] == 6  # without --eval-data: N // 10 held out, as the trainer does
+    b = device.prepare(repo, str(tiny_data / "train.npz"), limit=limit, data_seed=2)
+    assert sorted(p.name for p in (repo / device.FOLDER / "train").iterdir()) != names_a
+    assert "a random part" in device.describe(b)
+    with pytest.raises(ValueError, match="no room is left"):
         device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), limit=60_000)
 
 

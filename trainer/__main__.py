@@ -111,7 +111,8 @@ def export(run, output, fp16, name, calib_images):
 
 @main.command("device-prep")
 @click.option("--data", required=True, help="Training .npz or folder (written to .device_data/train as WebP).")
-@click.option("--eval-data", required=True, help="Held-out .npz or folder (its first --eval-images go).")
+@click.option("--eval-data", default=None,
+              help="Held-out .npz or folder (its first --eval-images go; default: hold out part of --data, as the trainer does).")
 @click.option("--run", "run_dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The run to continue (its checkpoint travels in the compact layout).")
 @click.option("--init-from", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -119,13 +120,16 @@ def export(run, output, fp16, name, calib_images):
 @click.option("--minutes", type=float, default=7.0, show_default=True, help="Training time of the chunk.")
 @click.option("--eval-images", type=int, default=128, show_default=True)
 @click.option("--train-args", default="", help='More trainer options, e.g. "--preset small --batch 128".')
+@click.option("--data-seed", type=int, default=0, show_default=True,
+              help="Which random part of the training images goes where not all fit (another per chunk).")
 @click.option("--repo", default=".", type=click.Path(exists=True, file_okay=False, path_type=Path), show_default=True)
-def device_prep(data, eval_data, run_dir, init_from, minutes, eval_images, train_args, repo):
+def device_prep(data, eval_data, run_dir, init_from, minutes, eval_images, train_args, data_seed, repo):
     """Prepare one GPU training chunk in .device_data/ (checks the 64 MiB the device call takes)."""
     from .device import describe, prepare
 
     try:
-        sizes = prepare(repo, data, eval_data, run_dir, init_from, minutes, eval_images, train_args)
+        sizes = prepare(repo, data, eval_data, run_dir, init_from, minutes, eval_images, train_args,
+                        data_seed=data_seed)
     except (ValueError, FileNotFoundError) as e:
         click.echo(f"trainer: error: {e}", err=True)
         sys.exit(2)

@@ -7,8 +7,9 @@ each release), the untracked files git does not ignore, and the git-ignored fold
 (`.device_data/`) and refuses, before any device time is spent, when the total is over the limit:
 
   .device_data/train/        the training images as lossless WebP files (CIFAR-10's 5,085:
-                             9.3 MB against 14.4 MB as .npz; the trainer reads folders as they are)
-  .device_data/test.npz      the first `eval_images` held-out images (all the trainer evaluates)
+                             8.6 MiB against 13.8 as .npz; the trainer reads folders as they are),
+                             all of them, or a random part where they do not fit (photographs)
+  .device_data/test/         the first `eval_images` held-out images (all the trainer evaluates)
   .device_data/run/          the run to continue: config.json, metrics.jsonl and its checkpoint
                              in the compact layout (checkpoint.py: 8 bytes per parameter)
   .device_data/init.safetensors   or a model file to start from (`--init-from`)
@@ -63,46 +64,57 @@ def travel_size(repo: Path, carry: Path) -> dict[str, int]:
             "total": tracked + untracked + carried}
 
 
-def _write_webp_folder(images: list[np.ndarray], folder: Path) -> None:
-    """Lossless WebP per image, in order (the trainer's folder loader sorts by name)."""
+def _write_webp(im: np.ndarray, f: Path) -> int:
+    """One lossless WebP file, checked pixel for pixel; returns its size."""
+    Image.fromarray(im).save(f, "WEBP", lossless=True, quality=100, method=4)
+    with Image.open(f) as back:  # lossless must mean identical: check, never assume
+        if not np.array_equal(np.asarray(back.convert("RGB")), im):
+            raise RuntimeError(f"{f}: WebP did not keep the pixels")
+    return f.stat().st_size
+
+
+def _write_folder(images: list[np.ndarray], folder: Path, budget: int | None = None, seed: int = 0) -> int:
+    """Lossless WebP files named by their index (the trainer's folder loader sorts by name, so the
+    order is kept). With a byte budget that the whole set does not fit: images in a random order
+    (seed) until the next would not fit. Returns how many were written."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     width = max(5, len(str(len(images))))
-    for i, im in enumerate(images):
-        f = tmp / f"{i:0{width}d}.webp"
-        Image.fromarray(im).save(f, "WEBP", lossless=True, quality=100, method=4)
-        with Image.open(f) as back:  # lossless must mean identical: check, never assume
-            if not np.array_equal(np.asarray(back.convert("RGB")), im):
-                raise RuntimeError(f"{f}: WebP did not keep the pixels")
+    order = range(len(images)) if budget is None else np.random.default_rng(seed).permutation(len(images))
+    used, n = 0, 0
+    for i in order:
+        f = tmp / f"{int(i):0{width}d}.webp"
+        size = _write_webp(images[i], f)
+        if budget is not None and used + size > budget:
+            f.unlink()
+            continue  # a smaller one may still fit
+        used, n = used + size, n + 1
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
+    return n
 
 
-def prepare(repo: str | Path, data: str, eval_data: str, run: str | Path | None = None,
+def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str | Path | None = None,
             init_from: str | Path | None = None, minutes: float = 7.0, eval_images: int = 128,
-            train_args: str = "", limit: int = TRAVEL_LIMIT) -> dict:
-    """Fill repo/.device_data for one chunk; returns the sizes and the command. Raises ValueError
-    when what would travel is over `limit`, or when the checkpoint would not come back in
-    RETURN_FILES files of RETURN_FILE_BYTES."""
+            train_args: str = "", limit: int = TRAVEL_LIMIT, holdout: int = 256, data_seed: int = 0) -> dict:
+    """Fill repo/.device_data for one chunk; returns the sizes and the command.
+
+    Without eval_data the first min(holdout, N // 10) images of `data` are held out, as the
+    trainer does. The training images take the room the 64 MiB leave (less 1 MiB): all of them
+    where they fit (CIFAR-10), else a random subset drawn with data_seed (the 135 photographs of
+    natural/ do not fit: give each chunk another seed). Raises ValueError when what would travel is
+    over `limit` anyway, or when the checkpoint would not come back in RETURN_FILES files."""
     repo = Path(repo).resolve()
     dd = repo / FOLDER
     dd.mkdir(exist_ok=True)
     if run is not None and init_from is not None:
         raise ValueError("give a run to continue or a model to start from, not both")
-
-    # the data: re-encode only when the source changed (a marker records which one it was)
-    train_dir, marker = dd / "train", dd / "train.source.json"
-    src = {"data": str(Path(data).resolve()), "bytes": _size([Path(data)])}
-    if not (train_dir.is_dir() and marker.exists() and json.loads(marker.read_text()) == src):
-        _write_webp_folder(load_images(data), train_dir)
-        marker.write_text(json.dumps(src))
-    ev = load_images(eval_data)[:eval_images]
-    np.savez(dd / "test.npz", images=np.stack(ev))
+    for stale in ("train", "test", "train.tmp", "test.tmp", "run", "init.safetensors", "test.npz", "train.source.json"):
+        p = dd / stale
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
     # the state
-    shutil.rmtree(dd / "run", ignore_errors=True)
-    (dd / "init.safetensors").unlink(missing_ok=True)
     init_arg = ""
     if run is not None:
         run = Path(run)
@@ -120,7 +132,22 @@ def prepare(repo: str | Path, data: str, eval_data: str, run: str | Path | None 
         shutil.copy2(init_from, dd / "init.safetensors")
         init_arg = f" --init-from {FOLDER}/init.safetensors"
 
-    cmd = (f"python -m trainer train --out {FOLDER}/run --data {FOLDER}/train --eval-data {FOLDER}/test.npz "
+    # the data: held-out images first, then the training images in the room that is left
+    train_images = load_images(data)
+    if eval_data:
+        held = load_images(eval_data)
+    else:
+        n_hold = min(holdout, len(train_images) // 10)
+        held, train_images = train_images[:n_hold], train_images[n_hold:]
+    _write_folder(held[:eval_images], dd / "test")
+    room = limit - travel_size(repo, dd)["total"] - (1 << 20)
+    if room <= 0:
+        raise ValueError(f"no room is left for the training images: the tracked files and the state "
+                         f"already take {(limit - room) / 2**20:.1f} MiB of {limit / 2**20:.0f}")
+    n_train = _write_folder(train_images, dd / "train", room, data_seed)
+    n_train_all = len(train_images)
+
+    cmd = (f"python -m trainer train --out {FOLDER}/run --data {FOLDER}/train --eval-data {FOLDER}/test "
            f"--eval-images {eval_images} --max-minutes {minutes:g} --compact-checkpoint --no-progress"
            f"{init_arg} {train_args}".rstrip())
     script = "\n".join([
@@ -137,14 +164,10 @@ def prepare(repo: str | Path, data: str, eval_data: str, run: str | Path | None 
     ])
     (dd / "chunk.sh").write_text(script)
     sizes = travel_size(repo, dd)
-    sizes["limit"] = limit
-    sizes["command"] = f"bash {FOLDER}/chunk.sh"
-    sizes["train_command"] = cmd
-    if sizes["total"] > limit:
-        raise ValueError(
-            f"{sizes['total'] / 2**20:.1f} MiB would travel (tracked {sizes['tracked'] / 2**20:.1f}, untracked "
-            f"{sizes['untracked'] / 2**20:.1f}, {FOLDER} {sizes['carried'] / 2**20:.1f}), over the "
-            f"{limit / 2**20:.0f} MiB a device call takes")
+    sizes.update(limit=limit, command=f"bash {FOLDER}/chunk.sh", train_command=cmd,
+                 train_images=n_train, train_images_all=n_train_all, eval_images=len(held[:eval_images]))
+    if n_train == 0:
+        raise ValueError("not one training image fits in the room the 64 MiB leave")
     return sizes
 
 
@@ -178,7 +201,10 @@ def unpack(returned: str | Path, run: str | Path) -> dict:
 
 def describe(sizes: dict) -> str:
     mib = lambda b: f"{b / 2**20:.1f} MiB"
+    part = "" if sizes["train_images"] == sizes["train_images_all"] else " (a random part: the rest does not fit)"
     return (f"travels {mib(sizes['total'])} of {mib(sizes['limit'])}: tracked {mib(sizes['tracked'])}, "
             f"untracked {mib(sizes['untracked'])}, {FOLDER} {mib(sizes['carried'])}\n"
+            f"training images {sizes['train_images']} of {sizes['train_images_all']}{part}, "
+            f"held-out {sizes['eval_images']}\n"
             f"device run: command {shlex.quote(sizes['command'])}, carry [\"{FOLDER}\"]\n"
             f"(it runs: {sizes['train_command']})")
