@@ -73,11 +73,14 @@ def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
     dd = repo / device.FOLDER
     assert len(list((dd / "train").glob("*.webp"))) == 64 == sizes["train_images"]
     assert len(list((dd / "test").glob("*.webp"))) == 8
-    # the device: the chunk script in a copy of the tree, $OUT an empty folder
-    out = tmp_path / "OUT"
-    out.mkdir()
+    # the device: the chunk script in a copy of the tree, $OUT an empty folder, and no constriction
+    # (the GPU image has torch, numpy, pillow, click and safetensors, not the coder: KINDS.md)
+    out, block = tmp_path / "OUT", tmp_path / "block"
+    out.mkdir(), block.mkdir()
+    (block / "constriction.py").write_text("raise ImportError('not on the device machine')\n")
+    path = os.pathsep.join([str(block), os.environ.get("PYTHONPATH", "")])
     r = subprocess.run(["bash", ".device_data/chunk.sh"], cwd=repo, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1"})
+                       env={**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     back = sorted(p.name for p in out.iterdir())
     assert "state.json" in back and "train.log" in back and len(back) <= device.RETURN_FILES
