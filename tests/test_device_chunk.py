@@ -115,6 +115,12 @@ def test_the_data_takes_the_room_that_is_left(tiny_data, tmp_path):
         device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), limit=60_000)
 
 
+def test_prepare_outside_a_checkout_is_one_clear_error(tiny_data, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "trainer", "device-prep", "--data", str(tiny_data / "train.npz"),
+                        "--repo", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a git checkout" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_unpack_refuses_an_incomplete_return(tmp_path):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "state.json").write_text(json.dumps({"step": 1, "shards": ["weights-000.safetensors"]}))

@@ -40,8 +40,10 @@ FOLDER = ".device_data"
 
 
 def _git_files(repo: Path, *args: str) -> list[Path]:
-    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", *args], check=True,
-                         capture_output=True).stdout.decode()
+    r = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", *args], capture_output=True)
+    if r.returncode != 0:
+        raise ValueError(f"{repo}: not a git checkout (the device call sends the repository's files)")
+    out = r.stdout.decode()
     return [repo / f for f in out.split("\0") if f]
 
 
@@ -106,6 +108,7 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     natural/ do not fit: give each chunk another seed). Raises ValueError when what would travel is
     over `limit` anyway, or when the checkpoint would not come back in RETURN_FILES files."""
     repo = Path(repo).resolve()
+    _git_files(repo)  # a checkout, or one clear error before any work
     dd = repo / FOLDER
     dd.mkdir(exist_ok=True)
     if run is not None and init_from is not None:
