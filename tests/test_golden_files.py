@@ -30,15 +30,16 @@ def _arith(path: Path) -> str:
 
 def test_golden_files_exist():
     assert {p.stem for p in FILES} >= {"photo-1", "photo-2", "cifar10-1", "photo-x1", "cifar10-x1", "cifar10-x2",
-                                       "cifar10-x3", "cifar10-x4", "seed-x2", "seed-x3", "seed-x4", "seed-h6"}
+                                       "cifar10-x3", "cifar10-x4", "cifar10-x5", "seed-x2", "seed-x3", "seed-x4", "seed-h6"}
     assert {p.stem for p in FILES if _arith(p) == "exact64"} == {"photo-x1", "cifar10-x1", "cifar10-x2", "cifar10-x3", "cifar10-x4",
-                                                                 "seed-x2", "seed-x3", "seed-x4", "seed-h6"}
+                                                                 "cifar10-x5", "seed-x2", "seed-x3", "seed-x4", "seed-h6"}
     # seed-only files before 0.6.0 name the model and setup they were made with; from 0.6.0 on, neither
     h6 = api.read_header((GOLDEN / "seed-h6.sfc").read_bytes())
     assert h6["codec"] == "0.6.0" and "model" not in h6 and "setup" not in h6
-    # the cifar10 models of the zoo: cifar10-1 (files up to 0.4.0), cifar10-2 (0.5.0) and today's cifar10
+    # the cifar10 models of the zoo: cifar10-1 (files up to 0.4.0), cifar10-2 (0.5.0), cifar10-3 (0.6.0)
+    # and today's cifar10 (float16 weights)
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
-    assert shas == {zoo.load_model(n).sha256 for n in ("cifar10", "cifar10-2", "cifar10-1")}
+    assert shas == {zoo.load_model(n).sha256 for n in ("cifar10", "cifar10-3", "cifar10-2", "cifar10-1")}
     # seed codec versions: 1 (no `seed` in the header), 2, 3 and 4
     assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4}
 
