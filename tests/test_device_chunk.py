@@ -93,6 +93,10 @@ def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
     assert set(after) == set(before)
     k = next(k for k in after if k.startswith("ema.model.") and after[k].is_floating_point())
     assert not torch.equal(after[k], before[k])  # it trained on
+    # the next chunk carries that compact checkpoint as it came back, byte for byte (no re-encoding)
+    device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), run=local, eval_images=8)
+    for f in (local / "checkpoint").iterdir():
+        assert (dd / "run" / "checkpoint" / f.name).read_bytes() == f.read_bytes(), f.name
     # and resumes here, from the unpacked checkpoint (its data now the chunk's folder in the repo)
     cfg2 = cfg.override(steps=6, data=str(dd / "train"), eval_data=str(dd / "test"), compact_checkpoint=True)
     assert train(cfg2, local, progress=False)["step"] == 6

@@ -101,20 +101,17 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     opt.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
 
 
-def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], state: dict, compact_state: bool = False) -> None:
-    path = Path(path)
-    if compact_state:
-        tensors, state = compact(tensors), {**state, "compact": True}
+def _new_dir(path: Path) -> Path:
+    """An empty temporary directory beside `path`, for a checkpoint that replace_dir moves in."""
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    names = []
-    for i, shard in enumerate(_shards(tensors)):
-        name = f"weights-{i:03d}.safetensors"
-        save_file(shard, str(tmp / name))
-        names.append(name)
-    (tmp / "state.json").write_text(json.dumps({**state, "shards": names}, indent=2, sort_keys=True))
+    return tmp
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished directory `tmp` to `path`; the old one goes only after that."""
     old = path.with_name(path.name + ".old")
     if path.exists():
         if old.exists():
@@ -123,6 +120,39 @@ def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], state: d
     os.replace(tmp, path)
     if old.exists():
         shutil.rmtree(old)
+
+
+def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], state: dict, compact_state: bool = False) -> None:
+    path = Path(path)
+    if compact_state:
+        tensors, state = compact(tensors), {**state, "compact": True}
+    tmp = _new_dir(path)
+    names = []
+    for i, shard in enumerate(_shards(tensors)):
+        name = f"weights-{i:03d}.safetensors"
+        save_file(shard, str(tmp / name))
+        names.append(name)
+    (tmp / "state.json").write_text(json.dumps({**state, "shards": names}, indent=2, sort_keys=True))
+    _replace_dir(tmp, path)
+
+
+def copy_checkpoint(src: str | Path, dst: str | Path) -> dict:
+    """Copy a checkpoint's files as they are (no re-encoding: a compact one stays bit for bit) to
+    dst, replacing it only once the copy loads; returns its state. FileNotFoundError names what
+    is missing."""
+    src, dst = Path(src), Path(dst)
+    if not (src / "state.json").exists():
+        raise FileNotFoundError(f"{src}: not a checkpoint (no state.json)")
+    state = json.loads((src / "state.json").read_text())
+    missing = [s for s in state["shards"] if not (src / s).exists()]
+    if missing:
+        raise FileNotFoundError(f"{src}: shards missing: {', '.join(missing)}")
+    tmp = _new_dir(dst)
+    for f in ["state.json", *state["shards"]]:
+        shutil.copy2(src / f, tmp / f)
+    load_checkpoint(tmp)  # it loads, or this raises before dst is touched
+    _replace_dir(tmp, dst)
+    return state
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:

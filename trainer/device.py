@@ -109,21 +109,24 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     over `limit` anyway, or when the checkpoint would not come back in RETURN_FILES files."""
     repo = Path(repo).resolve()
     _git_files(repo)  # a checkout, or one clear error before any work
-    dd = repo / FOLDER
-    dd.mkdir(exist_ok=True)
     if run is not None and init_from is not None:
         raise ValueError("give a run to continue or a model to start from, not both")
-    for stale in ("train", "test", "train.tmp", "test.tmp", "run", "init.safetensors", "test.npz", "train.source.json"):
-        p = dd / stale
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    dd = repo / FOLDER  # all of it is made here, afresh each time
+    shutil.rmtree(dd, ignore_errors=True)
+    dd.mkdir()
 
     # the state
     init_arg = ""
     if run is not None:
         run = Path(run)
-        tensors, state = ckpt.load_checkpoint(run / "checkpoint")
-        state = {k: v for k, v in state.items() if k not in ("shards", "compact")}
-        ckpt.save_checkpoint(dd / "run" / "checkpoint", tensors, state, compact_state=True)
+        state = json.loads((run / "checkpoint" / "state.json").read_text()) \
+            if (run / "checkpoint" / "state.json").exists() else {}
+        if state.get("compact"):  # compact already (it came back from a chunk): as it is
+            ckpt.copy_checkpoint(run / "checkpoint", dd / "run" / "checkpoint")
+        else:
+            tensors, state = ckpt.load_checkpoint(run / "checkpoint")
+            state = {k: v for k, v in state.items() if k != "shards"}
+            ckpt.save_checkpoint(dd / "run" / "checkpoint", tensors, state, compact_state=True)
         for f in ("config.json", "metrics.jsonl"):
             if (run / f).exists():
                 shutil.copy2(run / f, dd / "run" / f)
@@ -148,7 +151,8 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
         raise ValueError(f"no room is left for the training images: the tracked files and the state "
                          f"already take {(limit - room) / 2**20:.1f} MiB of {limit / 2**20:.0f}")
     n_train = _write_folder(train_images, dd / "train", room, data_seed)
-    n_train_all = len(train_images)
+    if n_train == 0:
+        raise ValueError("not one training image fits in the room the 64 MiB leave")
 
     cmd = (f"python -m trainer train --out {FOLDER}/run --data {FOLDER}/train --eval-data {FOLDER}/test "
            f"--eval-images {eval_images} --max-minutes {minutes:g} --compact-checkpoint --no-progress"
@@ -168,9 +172,7 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     (dd / "chunk.sh").write_text(script)
     sizes = travel_size(repo, dd)
     sizes.update(limit=limit, command=f"bash {FOLDER}/chunk.sh", train_command=cmd,
-                 train_images=n_train, train_images_all=n_train_all, eval_images=len(held[:eval_images]))
-    if n_train == 0:
-        raise ValueError("not one training image fits in the room the 64 MiB leave")
+                 train_images=n_train, train_images_all=len(train_images), eval_images=len(held[:eval_images]))
     return sizes
 
 
@@ -178,24 +180,9 @@ def unpack(returned: str | Path, run: str | Path) -> dict:
     """Put a chunk's returned files (a folder: state.json, weights-*.safetensors, metrics.jsonl,
     config.json) into the local run directory `run`; returns the checkpoint's state."""
     returned, run = Path(returned), Path(run)
-    state_file = returned / "state.json"
-    if not state_file.exists():
+    if not (returned / "state.json").exists():
         raise FileNotFoundError(f"{returned}: no state.json came back (see its train.log)")
-    state = json.loads(state_file.read_text())
-    missing = [s for s in state["shards"] if not (returned / s).exists()]
-    if missing:
-        raise FileNotFoundError(f"{returned}: shards missing: {', '.join(missing)}")
-    run.mkdir(parents=True, exist_ok=True)
-    tmp = run / "checkpoint.new"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for f in ["state.json", *state["shards"]]:
-        shutil.copy2(returned / f, tmp / f)
-    ckpt.load_checkpoint(tmp)  # it loads, or this raises before the old checkpoint is replaced
-    old = run / "checkpoint"
-    if old.exists():
-        shutil.rmtree(old)
-    tmp.rename(old)
+    state = ckpt.copy_checkpoint(returned, run / "checkpoint")
     for f in ("metrics.jsonl", "config.json"):
         if (returned / f).exists():
             shutil.copy2(returned / f, run / f)
