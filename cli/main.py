@@ -3,7 +3,8 @@
 Exit codes: 0 ok, 1 internal error, 2 usage error, 3 bad/unsupported input image,
 4 corrupt/truncated/foreign .sfc file, 5 model missing or not the file's model,
 6 output exists (use --force), 7 decode did not reproduce the pixels (nothing written),
-130 interrupted.
+130 interrupted, 141 standard output closed early (`sfcodec info f.sfc | head -1`; quietly, as
+cat does).
 """
 from __future__ import annotations
 
@@ -45,6 +46,14 @@ class _Group(click.Group):
             sys.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
+        except BrokenPipeError:
+            # whoever read stdout went away: stop without a word (as a SIGPIPE'd C tool does), and
+            # point stdout at /dev/null so that the interpreter's last flush does not raise again
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            sys.exit(141)
         except MemoryError:
             click.echo("sfcodec: error: out of memory (try smaller images, or fewer per file)", err=True)
             sys.exit(1)
@@ -270,17 +279,18 @@ def decompress(input, output, model, device, force, quiet):
 @click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
 def info(input, as_json):
     """Show what a .sfc file holds (without decoding it)."""
-    from scoreflow_codec import api, zoo
+    from scoreflow_codec import api, container, zoo
 
     data = _read_sfc(input)
     h = api.read_header(data)
+    version = container.format_version(data)
     if as_json:
         click.echo(json.dumps(h, indent=2, sort_keys=True))
         return
     n = sum(r[3] for r in h["images"])
     dims = sum(r[0] * r[1] * {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[r[2]] * r[3] for r in h["images"])
     click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
-    click.echo(f"format:    .sfc v{h.get('_format_version', 1)}, written by {h.get('codec', '?')}")
+    click.echo(f"format:    .sfc v{version}, written by {h.get('codec', '?')}")
     if "model" in h:
         made, now = h["model"].get("name", "?"), zoo.shipped_name(h["model"]["sha256"])
         where = ("not shipped with this installation" if now is None else

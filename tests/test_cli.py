@@ -328,7 +328,7 @@ def test_info(good_sfc):
     out = r.stdout
     # one 8x8 image is one tile, coded by the seed codec: the chain's settings, the model and the
     # setup are left out (it decodes without them)
-    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "model:     none", "decodes without a model", "mode:      chain",
+    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "format:    .sfc v2, written by", "model:     none", "decodes without a model", "mode:      chain",
                   "unused: every tile is in the seed codec", "setup:     none needed", "images:    1", "1 x 8x8 RGB", "stream:"):
         assert words in out, (words, out)
     h = json.loads(sfcodec("info", good_sfc, "--json").stdout)
@@ -377,6 +377,21 @@ def test_help_subprocess():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "compress" in r.stdout and "decompress" in r.stdout and "Exit codes" in r.stdout
+
+
+def test_closed_stdout_is_quiet(good_sfc):
+    """`sfcodec info f.sfc | head -1`: the reader is gone before the output; no "internal error",
+    no traceback, exit 141 (as a SIGPIPE'd C tool)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)  # every write to w_fd now fails with EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "cli.main", "info", str(good_sfc)], cwd=REPO, env=env,
+                           stdout=w_fd, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w_fd)
+    assert p.returncode == 141, p.stderr
+    assert p.stderr == "", p.stderr
 
 
 def test_tile_option(image, model_a, tmp_path):

@@ -1,4 +1,5 @@
 """The .sfc envelope (container.py): golden bytes, round trips, and a parser that fails cleanly."""
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -8,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from scoreflow_codec.container import (
-    ZDICT,
+    ZDICTS,
     FORMAT_VERSION,
     MAGIC,
     MAX_HEADER_BYTES,
+    format_version,
     pack,
     peek_header,
     require,
@@ -19,7 +21,8 @@ from scoreflow_codec.container import (
 )
 from scoreflow_codec.errors import BadFileError, UnsupportedVersionError
 
-GOLDEN = Path(__file__).parent / "golden" / "container_v1.bin"
+GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2)}
+GOLDEN = GOLDENS[1]
 GOLDEN_HEADER = {
     "format": "sfc",
     "images": [{"crc32": 305419896, "height": 2, "mode": "RGB", "width": 3}],
@@ -29,15 +32,36 @@ GOLDEN_HEADER = {
 GOLDEN_WORDS = np.array([1674306020, 72105175, 3868737664, 2503666544, 1943223142], dtype=np.uint32)
 
 
-def test_golden_bitstream():
-    # A change here is a format change: bump FORMAT_VERSION and keep reading version 1.
-    data = GOLDEN.read_bytes()
-    assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == data
+@pytest.mark.parametrize("version", sorted(GOLDENS))
+def test_golden_bitstream(version):
+    # A change here is a format change: bump FORMAT_VERSION and keep reading the older versions.
+    data = GOLDENS[version].read_bytes()
+    assert pack(GOLDEN_HEADER, GOLDEN_WORDS, version=version) == data
     header, words = unpack(data)
     assert header == GOLDEN_HEADER and np.array_equal(words, GOLDEN_WORDS)
     assert words.dtype == np.uint32
     assert peek_header(data) == GOLDEN_HEADER
-    assert data[:8] == MAGIC and struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 1
+    assert format_version(data) == version
+    assert data[:8] == MAGIC and struct.unpack_from("<H", data, 8)[0] == version
+
+
+def test_pack_writes_the_latest_version():
+    assert FORMAT_VERSION == max(ZDICTS) == 2
+    assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == GOLDENS[2].read_bytes()
+    with pytest.raises(ValueError):
+        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=3)
+
+
+def test_version_2_headers_are_smaller():
+    # What version 2 is for: a one-image seed codec file's header (0.7.0's, verbatim) deflates to
+    # 28 bytes instead of 47; a model stream's (0.7.0, six CIFAR-10 images) to 129 instead of 203.
+    seed_single = (b'{"codec":"0.7.0","crc32":2407063747,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":1,'
+                   b'"pad_words":2},"images":[[32,32,"RGB",1]],"meta":{"0":{"name":"c0.png"}},"mode":"chain",'
+                   b'"settings":{},"stream":{"seed":4}}')
+    sizes = {v: len(_deflate(seed_single, v)) for v in ZDICTS}
+    assert sizes == {1: 47, 2: 28}
+    for v in ZDICTS:
+        assert unpack(pack(json.loads(seed_single), GOLDEN_WORDS, version=v))[0]["crc32"] == 2407063747
 
 
 @settings(max_examples=50, deadline=None)
@@ -83,13 +107,13 @@ def _msg(data: bytes) -> str:
     return msg
 
 
-def _deflate(b: bytes) -> bytes:
-    c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+def _deflate(b: bytes, version: int = FORMAT_VERSION) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, ZDICTS.get(version, ZDICTS[1]))
     return c.compress(b) + c.flush()
 
 
-def _rebuild(version=1, reserved=0, header=b"{}", hlen=None, payload=b"", plen=None, tail=b"", raw=False):
-    header = header if raw else _deflate(header)
+def _rebuild(version=FORMAT_VERSION, reserved=0, header=b"{}", hlen=None, payload=b"", plen=None, tail=b"", raw=False):
+    header = header if raw else _deflate(header, version)
     head = struct.pack("<HHI", version, reserved, len(header) if hlen is None else hlen) + header
     return (
         MAGIC + head + struct.pack("<I", zlib.crc32(head))
@@ -129,10 +153,14 @@ def test_each_error_says_what_is_wrong():
     assert "trailing" in _msg(_rebuild(header=_deflate(b"{}") + b"x", raw=True))
     assert "inflates beyond" in _msg(_rebuild(header=b'{"a":"' + b"a" * (MAX_HEADER_BYTES + 10) + b'"}'))
     with pytest.raises(UnsupportedVersionError) as e:
-        unpack(_rebuild(version=2))
-    assert str(e.value) == "format version 2 not supported by this release (supports 1)"
+        unpack(_rebuild(version=3))
+    assert str(e.value) == "format version 3 not supported by this release (reads versions 1 to 2)"
     with pytest.raises(UnsupportedVersionError):
         peek_header(_rebuild(version=0))
+    # a header deflated with one version's dictionary, labelled (CRC and all) as the other version
+    for wrong, right in ((1, 2), (2, 1)):
+        hb = _deflate(b'{"codec":"0.8.0","images":[[32,32,"RGB",1]],"mode":"chain"}', right)
+        assert len(_msg(_rebuild(version=wrong, header=hb, raw=True)))
 
 
 def test_peek_header_ignores_a_damaged_payload():
@@ -142,15 +170,17 @@ def test_peek_header_ignores_a_damaged_payload():
         unpack(good[:-3])
 
 
-def test_every_truncation_fails():
-    good = GOLDEN.read_bytes()
+@pytest.mark.parametrize("version", sorted(GOLDENS))
+def test_every_truncation_fails(version):
+    good = GOLDENS[version].read_bytes()
     for k in range(len(good)):
         with pytest.raises(BadFileError):
             unpack(good[:k])
 
 
-def test_every_single_bit_flip_fails():
-    good = bytearray(GOLDEN.read_bytes())
+@pytest.mark.parametrize("version", sorted(GOLDENS))
+def test_every_single_bit_flip_fails(version):
+    good = bytearray(GOLDENS[version].read_bytes())
     for i in range(len(good)):
         for b in range(8):
             bad = bytearray(good)
