@@ -124,3 +124,23 @@ def test_eval_crops_spread_over_few_images():
     for j, (r, c) in enumerate(corners):
         assert torch.equal(y[4 + j], torch.from_numpy(few[1][r:r + 32, c:c + 32].transpose(2, 0, 1).copy()))
     assert torch.equal(center_crops(few, 32, 3)[2], torch.from_numpy(few[2][34:66, 24:56].transpose(2, 0, 1).copy()))
+
+
+def test_cli_input_errors_are_one_line(tmp_path):
+    """Not a run, no metrics, missing data: `trainer: error: ...`, exit 2, no traceback."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    cases = [(["export", str(empty), "-o", str(tmp_path / "m.safetensors")], "not a checkpoint"),
+             (["plot", str(empty), "-o", str(tmp_path / "c.png")], "not a run directory"),
+             (["train", "--out", str(tmp_path / "r"), "--data", str(tmp_path / "missing.npz"), "--preset", "tiny",
+               "--steps", "1", "--no-progress"], "missing.npz")]
+    for args, words in cases:
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "trainer: error:" in r.stderr and words in r.stderr, r.stderr
+        assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+    assert not (tmp_path / "m.safetensors").exists() and not (tmp_path / "c.png").exists()

@@ -14,11 +14,25 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from .config import TrainConfig
+
+
+@contextmanager
+def _input_errors():
+    """A missing or malformed input (data, run directory, model file, returned files) is the user's:
+    one line on stderr and exit 2, never a traceback."""
+    from scoreflow_codec.errors import ModelError
+
+    try:
+        yield
+    except (FileNotFoundError, ValueError, ModelError) as e:
+        click.echo(f"trainer: error: {e}", err=True)
+        sys.exit(2)
 
 
 @click.group(help=__doc__)
@@ -84,13 +98,8 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
     cfg = base.override(**kw)
     if not cfg.data:
         raise click.UsageError("--data is required for a new run")
-    from scoreflow_codec.errors import ModelError
-
-    try:
+    with _input_errors():
         res = run(cfg, out, device=device, progress=not no_progress)
-    except (FileNotFoundError, ValueError, ModelError) as e:
-        click.echo(f"trainer: error: {e}", err=True)
-        sys.exit(2)
     click.echo(json.dumps(res))
 
 
@@ -105,7 +114,8 @@ def export(run, output, fp16, name, calib_images):
     """Export a run's EMA model for the codec (one .safetensors with its config)."""
     from .train import export as do_export
 
-    sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images)
+    with _input_errors():
+        sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images)
     click.echo(f"{output}: sha256 {sha}")
 
 
@@ -127,12 +137,9 @@ def device_prep(data, eval_data, run_dir, init_from, minutes, eval_images, train
     """Prepare one GPU training chunk in .device_data/ (checks the 64 MiB the device call takes)."""
     from .device import describe, prepare
 
-    try:
+    with _input_errors():
         sizes = prepare(repo, data, eval_data, run_dir, init_from, minutes, eval_images, train_args,
                         data_seed=data_seed)
-    except (ValueError, FileNotFoundError) as e:
-        click.echo(f"trainer: error: {e}", err=True)
-        sys.exit(2)
     click.echo(describe(sizes))
 
 
@@ -143,11 +150,8 @@ def device_unpack(returned, run_dir):
     """Put what a GPU chunk returned (its $OUT files) into a local run directory."""
     from .device import unpack
 
-    try:
+    with _input_errors():
         state = unpack(returned, run_dir)
-    except (ValueError, FileNotFoundError) as e:
-        click.echo(f"trainer: error: {e}", err=True)
-        sys.exit(2)
     click.echo(f"{run_dir}: checkpoint at step {state['step']}")
 
 
@@ -159,7 +163,8 @@ def plot(runs, output, title):
     """Plot the training curve(s) of one or more runs (in order) to a PNG."""
     from .report import plot_curve
 
-    plot_curve(list(runs), output, title)
+    with _input_errors():
+        plot_curve(list(runs), output, title)
     click.echo(str(output))
 
 

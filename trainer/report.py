@@ -8,6 +8,8 @@ from pathlib import Path
 def read_metrics(run: str | Path) -> list[dict]:
     """The run's records; where a resumed run logged a step again, its later record wins."""
     path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: not a run directory (no metrics.jsonl)")
     recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     out: list[dict] = []
     for r in recs:  # a resume restarts from the checkpoint's step: drop what came after it
