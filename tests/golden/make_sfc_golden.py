@@ -48,6 +48,8 @@ CASES = {
     "cifar10-x4": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.7.0: the cifar10 model of 0.7.0, float16 weights (0.6.0's is cifar10-3 in the zoo now)
     "cifar10-x5": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.8.0: the cifar10 model of 0.8.0 (0.7.0's is cifar10-4 in the zoo now), format version 2
+    "cifar10-x6": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.8.0: format version 2 (the header's longer DEFLATE dictionary), a seed-only one-image file
     "seed-f2": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
 }
