@@ -227,6 +227,8 @@ CODECS: list[ClassicalCodec] = [
                    functools.partial(_seed_encode, version=2), functools.partial(_seed_decode, version=2)),
     ClassicalCodec("sfc-seed-3", "the seed codec's version 3 (files of 0.4.0)",
                    functools.partial(_seed_encode, version=3), functools.partial(_seed_decode, version=3)),
+    ClassicalCodec("sfc-seed-4", "the seed codec's version 4 (files of 0.5.0 - 0.8.0)",
+                   functools.partial(_seed_encode, version=4), functools.partial(_seed_decode, version=4)),
 ]
 BY_NAME = {c.name: c for c in CODECS}
 

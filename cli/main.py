@@ -120,6 +120,7 @@ def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: 
 
     settings = {"steps": steps} if steps else None
     ss = api.default_stream_settings(m, tile)
+    sources = api.choose_palette_coding(sources, ss.seed)  # before the progress bar counts model tiles
     with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
         return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick,
                             fallback=fallback, arith=arith)

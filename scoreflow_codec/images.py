@@ -10,7 +10,10 @@ Modes coded:
                                     (a constant alpha is stored in the header, free)
   P (palette), PA                -> palette colours through the model when the palette has no
                                     duplicate colours (indices are restored exactly), else the
-                                    index plane with the seed codec; transparency kept
+                                    index plane with the seed codec; transparency kept.
+                                    `palette_as_indices` gives a colour-coded palette image's
+                                    index plane, which the codec keeps where it codes smaller
+                                    (api.choose_palette_coding)
 Refused with a clear message: 16-bit / 32-bit / float (I;16, I, F), CMYK, YCbCr, LAB, HSV,
 premultiplied (RGBa, La), animations, and anything Pillow can't open.
 """
@@ -40,6 +43,8 @@ class SourceImage:
     color: np.ndarray | None        # uint8 [C, H, W], C in {1, 3}: coded by the model
     extra: np.ndarray | None        # uint8 [E, H, W]: alpha or palette indices (seed codec)
     meta: dict = field(default_factory=dict)  # palette, transparency, constant alpha ...
+    # set once api.choose_palette_coding has chosen between colours and indices (not stored)
+    coding_chosen: bool = field(default=False, compare=False)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -141,6 +146,19 @@ def _from_palette(img: Image.Image, meta: dict) -> SourceImage:
         extra_planes.append(arr[..., 1])
     extra = np.stack([p.astype(np.uint8) for p in extra_planes]) if extra_planes else None
     return SourceImage(img.mode, color, extra, meta)
+
+
+def palette_as_indices(src: SourceImage) -> SourceImage | None:
+    """A palette image coded by its colours (meta "palette_coded": "colors"), as its index plane
+    instead: the same restored image (to_pil gives identical pixels and palette). None for any other."""
+    if src.mode not in ("P", "PA") or src.meta.get("palette_coded") != "colors":
+        return None
+    img = to_pil(src)
+    arr = np.asarray(img)
+    planes = [arr] if img.mode == "P" else [arr[..., 0], arr[..., 1]]
+    meta = {k: v for k, v in src.meta.items() if k != "palette_used"}
+    meta["palette_coded"] = "indices"
+    return SourceImage(src.mode, None, np.stack([p.astype(np.uint8) for p in planes]), meta, src.coding_chosen)
 
 
 def _wide_rawmode(img: Image.Image) -> str | None:

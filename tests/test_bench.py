@@ -224,3 +224,27 @@ def test_cli_times_runs_the_users_commands(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "cli_times.py"), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cli_times:" in bad.stderr
+
+
+def test_graphics_bench(tmp_path):
+    """bench/graphics.py: palette versions of each image through the codec (decoded and compared,
+    or it fails) beside PNG, GIF and WebP of the same palette image; bad --colors is one line."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.fromarray(_image(3, 40, 48)).save(folder / "a.png")
+    out = tmp_path / "res"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "graphics.py"), str(folder), "--colors", "16,4",
+                        "--crop", "32", "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r_["kind"] for r_ in rows] == ["16 colours", "4 colours"]
+    for row in rows:
+        assert 1 < row["colors"] <= 16 and row["coded_as"] in ("colors", "indices")
+        assert row["sfc_bpp"] > 0 and row["png_bpp"] > 0 and row["webp_bpp"] > 0
+    assert "| 16 colours | 1 |" in r.stdout
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "graphics.py"), "screens", "--limit", "1", "--threads", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "| RGB | 1 |" in r.stdout, r.stdout + r.stderr
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "graphics.py"), str(folder), "--colors", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "graphics.py: error:" in bad.stderr and "Traceback" not in bad.stderr

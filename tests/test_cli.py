@@ -146,6 +146,19 @@ def _palette_image(trns_bytes: bool, duplicate: bool = False) -> Image.Image:
     return im
 
 
+def _smooth_palette_image() -> Image.Image:
+    """Smooth grey levels behind a shuffled palette: coded as colours (through the model where it
+    pays), where the random-index palettes above are coded as their index plane."""
+    yy, xx = np.mgrid[0:16, 0:21]
+    order = _rng(6).permutation(256)
+    level = np.clip(xx + 2 * yy + _rng(7).integers(-3, 4, (16, 21)) + 20, 0, 255)
+    im = Image.frombytes("P", (21, 16), order[level].astype(np.uint8).tobytes())
+    pal = np.zeros((256, 3), np.uint8)
+    pal[order] = np.arange(256, dtype=np.uint8)[:, None]
+    im.putpalette(pal.tobytes(), "RGB")
+    return im
+
+
 def _make(kind: str, shared: Path | None) -> Image.Image:
     if kind == "cifar":
         with np.load(shared / "cifar10" / "test.npz") as z:
@@ -182,6 +195,8 @@ def _make(kind: str, shared: Path | None) -> Image.Image:
         return _palette_image(trns_bytes=True)
     if kind == "P_duplicates":
         return _palette_image(trns_bytes=True, duplicate=True)
+    if kind == "P_smooth":
+        return _smooth_palette_image()
     raise ValueError(kind)
 
 
@@ -223,7 +238,7 @@ def model_sfc(tmp_path_factory, model_a) -> Path:
 
 # --- round trips ------------------------------------------------------------------------------
 KINDS = ["cifar", "rgb_31x33", "rgb_1x1", "rgb_1x17", "L", "1", "RGBA", "RGBA_const", "LA",
-         "P_trns_index", "P_trns_alpha", "P_duplicates", "kodak_crop"]
+         "P_trns_index", "P_trns_alpha", "P_duplicates", "P_smooth", "kodak_crop"]
 
 
 @pytest.mark.parametrize("mode", ["ode", "chain"])
@@ -235,6 +250,9 @@ def test_round_trip(image, model_a, tmp_path, kind, mode):
     assert_ok(r)
     assert r.stderr == "" and r.stdout == ""
     assert sfc.read_bytes()[:4] == b"\x89SFC"
+    if kind.startswith("P_"):  # the colours where they code smaller, else the index plane (either way back)
+        h = json.loads(sfcodec("info", sfc, "--json").stdout)
+        assert h["meta"]["0"]["palette_coded"] == ("colors" if kind == "P_smooth" else "indices")
     assert_ok(sfcodec("decompress", sfc, "-o", out, "--model", model_a, "-q"))
     assert_same_pixels(src, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, "f.sfc", "out.png"])

@@ -3,6 +3,8 @@ bit-exactly (pixels, alpha, palette, transparency) or is refused with one clear 
 
 docs/RELIABILITY.md lists the same cases; keep them in step.
 """
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -31,6 +33,25 @@ def _palette_image(h, w, n=16, palette=None):
     p = Image.fromarray(RNG.integers(0, n, (h, w), np.uint8), "P")
     p.putpalette(palette if palette is not None else RNG.permutation(256)[:3 * n].astype(np.uint8).tobytes())
     return p
+
+
+def _smooth_palette_image(h, w):
+    """Smooth grey levels behind a palette in shuffled order: cheap as colours, dear as indices."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    level = np.clip(xx + 2 * yy + np.random.default_rng(12).integers(-3, 4, (h, w)) + 20, 0, 255)
+    order = np.random.default_rng(11).permutation(256)          # palette slot of each grey level
+    p = Image.fromarray(order[level].astype(np.uint8), "P")
+    pal = np.zeros((256, 3), np.uint8)
+    pal[order] = np.arange(256, dtype=np.uint8)[:, None]
+    p.putpalette(pal.tobytes())
+    return p
+
+
+def _quantized_image(h, w, colors=8):
+    """A smooth RGB picture quantized to a few colours: cheap as indices, dear as colour planes."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    rgb = np.stack([8 * xx, 6 * yy, 255 - 4 * (xx + yy)], -1).clip(0, 255).astype(np.uint8)
+    return Image.fromarray(rgb).quantize(colors)
 
 
 def _write(tmp_path, name, img, **kw):
@@ -77,6 +98,8 @@ def _cases():
         "P-tRNS-table": ("a.png", _palette_image(9, 7), {"transparency": bytes(range(0, 160, 10))}),
         "P-duplicate-colours": ("a.png", _palette_image(9, 7, palette=bytes(24) + bytes(range(24))), {}),
         "GIF-one-frame": ("a.gif", _palette_image(8, 8), {}),
+        "P-smooth-colours": ("a.png", _smooth_palette_image(16, 20), {}),
+        "P-quantized": ("a.png", _quantized_image(12, 10), {}),
         "BMP": ("a.bmp", Image.fromarray(_rgb(5, 6)), {}),
         "WebP-lossless": ("a.webp", Image.fromarray(_rgb(5, 6)), {"lossless": True}),
     }
@@ -107,6 +130,61 @@ def test_palette_with_alpha_channel_PA(model):
         assert src.meta["palette_coded"] == ("colors" if pal[0] or pal[1] else "indices")
         (back,) = _round_trip(model, [src])
         _assert_same_image(pa, pa.info, images.to_pil(back))
+
+
+@pytest.mark.parametrize("kind", ["smooth", "quantized", "random"])
+def test_palette_images_are_coded_the_cheaper_way(model, kind):
+    """choose_palette_coding keeps the colours where they code in fewer bits than the index plane
+    (seed codec plus header), else switches to the indices; the choice is the smaller file, and it
+    decodes."""
+    img = {"smooth": _smooth_palette_image(32, 40), "quantized": _quantized_image(32, 40),
+           "random": _palette_image(32, 40, palette=RNG.permutation(256)[:48].astype(np.uint8).tobytes())}[kind]
+    src = images.from_pil(img)
+    assert src.meta["palette_coded"] == "colors" and not src.coding_chosen
+    alt = images.palette_as_indices(src)
+    assert alt.meta["palette_coded"] == "indices" and "palette_used" not in alt.meta and alt.color is None
+    _assert_same_image(img, img.info, images.to_pil(alt))  # the same image either way
+    (chosen,) = api.choose_palette_coding([src], 5)
+    cheaper = {"smooth": "colors", "quantized": "indices", "random": "indices"}[kind]
+    assert chosen.meta["palette_coded"] == cheaper
+    assert chosen.coding_chosen and not src.coding_chosen  # the caller's object is left as it was
+    assert api.choose_palette_coding([chosen], 5)[0] is chosen  # chosen once: a second call does nothing
+    # compress makes the choice itself; the file is smaller than the other way's
+    data, _ = api.compress([src], model, "chain", {"steps": 64}, fallback="both")
+    other = replace(src if cheaper == "indices" else alt, coding_chosen=True)
+    data_other, _ = api.compress([other], model, "chain", {"steps": 64}, fallback="both")
+    assert len(data) < len(data_other)
+    assert api.read_header(data)["meta"]["0"]["palette_coded"] == cheaper
+    (back,) = api.decompress(data, model)
+    _assert_same_image(img, img.info, images.to_pil(back))
+
+
+def test_palette_choice_on_a_sample_of_large_images(monkeypatch):
+    """Above PALETTE_SAMPLE pixels a side the two ways are compared on the centre square only."""
+    from scoreflow_codec.coding import seed_codec
+
+    seen = []
+    real = seed_codec.seed_bits
+    monkeypatch.setattr(seed_codec, "seed_bits", lambda planes, v: seen.append(planes.shape) or real(planes, v))
+    monkeypatch.setattr(api, "PALETTE_SAMPLE", 16)
+    for img, way in ((_smooth_palette_image(32, 40), "colors"), (_quantized_image(40, 24), "indices")):
+        seen.clear()
+        (chosen,) = api.choose_palette_coding([images.from_pil(img)], 5)
+        assert chosen.meta["palette_coded"] == way
+        assert sorted(seen) == [(1, 16, 16), (3, 16, 16)]
+
+
+def test_palette_as_indices_only_for_colour_coded_palettes():
+    assert images.palette_as_indices(images.from_pil(Image.fromarray(_rgb(4, 5)))) is None
+    dup = images.from_pil(_palette_image(4, 5, palette=bytes(48)))
+    assert dup.meta["palette_coded"] == "indices" and images.palette_as_indices(dup) is None
+    la = Image.fromarray(RNG.integers(0, 16, (9, 7, 2), np.uint8), "LA")
+    pa = Image.frombytes("PA", (7, 9), la.tobytes())
+    pa.putpalette(RNG.permutation(256)[:48].astype(np.uint8).tobytes())
+    src = images.from_pil(pa)
+    alt = images.palette_as_indices(src)
+    assert src.extra.shape == (1, 9, 7) and alt.extra.shape == (2, 9, 7)  # alpha kept, after the indices
+    _assert_same_image(pa, pa.info, images.to_pil(alt))
 
 
 def test_every_mode_in_one_stream(model, tmp_path):
