@@ -100,7 +100,8 @@ def measure(img: Image.Image, model) -> dict:
     back = api.decompress(data, model)
     dec = time.perf_counter() - t0
     api.check_identical([src], back)  # raises on any difference
-    row = {"colors": int(len(np.unique(np.asarray(img)))), "sfc_bpp": 8 * len(data) / n,
+    arr = np.asarray(img)
+    row = {"colors": int(len(np.unique(arr.reshape(n, -1), axis=0))), "sfc_bpp": 8 * len(data) / n,
            "coded_as": api.read_header(data).get("meta", {}).get("0", {}).get("palette_coded", img.mode),
            "png_bpp": 8 * _size(img, "PNG", optimize=True) / n, "gif_bpp": 8 * _size(img, "GIF") / n,
            "webp_bpp": 8 * _size(img, "WEBP", lossless=True, method=6, quality=100) / n,

@@ -52,6 +52,8 @@ CASES = {
     "cifar10-x6": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.8.0: format version 2 (the header's longer DEFLATE dictionary), a seed-only one-image file
     "seed-f2": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
+    # 0.9.0: seed codec version 5, its LZMA mode (flat colours, stripes, lines: graphics)
+    "seed-x5": ("photo", [(96, 64), (40, 24)], ["--steps", "16"], "graphic"),
 }
 
 
@@ -90,9 +92,20 @@ def synthetic_chroma4(width: int, height: int, k: int) -> np.ndarray:
     return out
 
 
+def synthetic_graphic(width: int, height: int, k: int) -> np.ndarray:
+    """Flat colours, stripes and lines (a chart or a screenshot): seed codec version 5's LZMA mode."""
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.int64)
+    out = np.empty((height, width, 3), np.uint8)
+    box = (xx // 16 + yy // 12 + k) % 4
+    out[..., 0] = np.where(box == 0, 230, np.where(box == 1, 40, 250))
+    out[..., 1] = np.where((xx + 2 * yy) % 23 == 0, 0, np.where(box == 2, 120, 245))
+    out[..., 2] = np.where(yy % 9 == 4, 30, np.where(box == 3, 200, 248))
+    return out
+
+
 def make(name: str) -> None:
     model, sizes, extra, *kind = CASES[name]
-    make_image = {"chroma": synthetic_chroma, "chroma4": synthetic_chroma4}.get(kind[0] if kind else None, synthetic)
+    make_image = {"chroma": synthetic_chroma, "chroma4": synthetic_chroma4, "graphic": synthetic_graphic}.get(kind[0] if kind else None, synthetic)
     pngs = []
     for k, (w, h) in enumerate(sizes):
         p = HERE / f"{name}-{k}.png"
