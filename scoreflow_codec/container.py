@@ -3,7 +3,7 @@
 Layout (all integers little-endian)::
 
     magic        8 bytes   b"\\x89SFC\\r\\n\\x1a\\n"  (PNG-style: catches text-mode mangling)
-    version      u16       FORMAT_VERSION (2; version 1 differs only in the header's dictionary)
+    version      u16       FORMAT_VERSION (3; versions 1 and 2 differ only in the header's dictionary)
     reserved     u16       0
     header_len   u32       <= MAX_HEADER_BYTES
     header       header_len bytes: raw DEFLATE (preset dictionary ZDICTS[version]) of canonical
@@ -34,7 +34,7 @@ import numpy as np
 from .errors import BadFileError, UnsupportedVersionError
 
 MAGIC = b"\x89SFC\r\n\x1a\n"
-FORMAT_VERSION = 2          # what pack writes; unpack reads every version in ZDICTS
+FORMAT_VERSION = 3          # what pack writes; unpack reads every version in ZDICTS
 MAX_HEADER_BYTES = 1 << 20
 
 # Preset DEFLATE dictionaries, one per format version (never change one that files were written
@@ -62,7 +62,25 @@ ZDICT_V2 = ZDICT_V1 + (
     b'"torch":"2.13.0+cpu"},"stream":{"batching":"bits","seed":4}}'
     b'{"codec":"0.8.0","crc32":,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":0,"pad_words":2},'
     b'"images":[[32,32,"RGB",1]],"meta":{"0":{"name":".png"}},"mode":"chain","settings":{},"stream":{"seed":4}}')
-ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2}
+# Version 3 (0.9.0): version 2's dictionary followed by the same headers as 0.9.0 writes them. A
+# header's release string ("codec") and seed codec version ("seed") sit inside the dictionary's
+# long matches; when they change, each break costs a few bytes (0.9.0's one-image seed codec
+# header deflated to 29 bytes with version 2's dictionary, 23 with 0.8.0's strings). So a release
+# that changes either adds a format version whose dictionary ends with its own headers.
+ZDICT_V3 = ZDICT_V2 + (
+    b'{"codec":"0.9.0","crc32":,"fields":{"n_seed":1,"n_tiles":,"pad_stripped":,"pad_words":},'
+    b'"images":[[768,512,"RGB",1]],"meta":{"0":{"name":".png"}},"mode":"chain","model":{"name":"photo",'
+    b'"sha256":""},"settings":{},"setup":{"constriction":"0.5.0","device":"cpu","dtype":"exact64",'
+    b'"micro_batch":2,"threads":1,"torch":"2.13.0+cpu"},"stream":{"batching":"bits","max_batch":1,"seed":5,'
+    b'"tile":64}}'
+    b'{"codec":"0.9.0","crc32":,"fields":{"n_seed":1,"n_tiles":32,"pad_stripped":,"pad_words":},'
+    b'"images":[[32,32,"RGB",32]],"meta":{"0":{"name":".png"},"1":{"name":".png"},"2":{"name":".png"}},'
+    b'"mode":"chain","model":{"name":"cifar10","sha256":""},"settings":{"schedule":"calibrated","steps":128},'
+    b'"setup":{"constriction":"0.5.0","device":"cpu","dtype":"exact64","micro_batch":8,"threads":2,'
+    b'"torch":"2.13.0+cpu"},"stream":{"batching":"bits","seed":5}}'
+    b'{"codec":"0.9.0","crc32":,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":1,"pad_words":2},'
+    b'"images":[[32,32,"RGB",1]],"meta":{"0":{"name":".png"}},"mode":"chain","settings":{},"stream":{"seed":5}}')
+ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2, 3: ZDICT_V3}
 
 _FIXED = struct.Struct("<HHI")  # version, reserved, header_len
 _U32 = struct.Struct("<I")
