@@ -52,6 +52,8 @@ CASES = {
     "cifar10-x6": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.8.0: format version 2 (the header's longer DEFLATE dictionary), a seed-only one-image file
     "seed-f2": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
+    # 0.9.0: the cifar10 model of 0.9.0 (0.8.0's is cifar10-5 in the zoo now), seed codec version 5
+    "cifar10-x7": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.0: seed codec version 5, its LZMA mode (flat colours, stripes, lines: graphics)
     "seed-x5": ("photo", [(96, 64), (40, 24)], ["--steps", "16"], "graphic"),
 }
