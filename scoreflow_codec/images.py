@@ -118,7 +118,9 @@ def from_pil(img: Image.Image) -> SourceImage:
     raise UnsupportedImageError(f"image mode {mode} is not supported")
 
 
-def _from_palette(img: Image.Image, meta: dict) -> SourceImage:
+def _from_palette(img: Image.Image, meta: dict, indices: bool = False) -> SourceImage:
+    """The palette's colours where they restore the indices exactly (and not `indices`), else the
+    index plane."""
     pal_mode, pal_bytes = img.palette.getdata() if img.palette is not None else ("RGB", b"")
     if pal_mode not in ("RGB", "RGBA") or not pal_bytes:
         raise UnsupportedImageError(f"palette of kind {pal_mode!r} is not supported")
@@ -134,7 +136,7 @@ def _from_palette(img: Image.Image, meta: dict) -> SourceImage:
     extra_planes = []
     used = np.unique(idx)
     colors = pal[:, :3]
-    if used.max() < len(pal) and len({tuple(c) for c in colors[used]}) == len(used):
+    if not indices and used.max() < len(pal) and len({tuple(c) for c in colors[used]}) == len(used):
         meta["palette_coded"] = "colors"
         meta["palette_used"] = used.astype(int).tolist()
         color = _planes(colors[idx])
@@ -153,12 +155,10 @@ def palette_as_indices(src: SourceImage) -> SourceImage | None:
     instead: the same restored image (to_pil gives identical pixels and palette). None for any other."""
     if src.mode not in ("P", "PA") or src.meta.get("palette_coded") != "colors":
         return None
-    img = to_pil(src)
-    arr = np.asarray(img)
-    planes = [arr] if img.mode == "P" else [arr[..., 0], arr[..., 1]]
-    meta = {k: v for k, v in src.meta.items() if k != "palette_used"}
-    meta["palette_coded"] = "indices"
-    return SourceImage(src.mode, None, np.stack([p.astype(np.uint8) for p in planes]), meta, src.coding_chosen)
+    meta = {k: v for k, v in src.meta.items() if k not in ("palette_coded", "palette_used")}
+    alt = _from_palette(to_pil(src), meta, indices=True)
+    alt.coding_chosen = src.coding_chosen
+    return alt
 
 
 def _wide_rawmode(img: Image.Image) -> str | None:

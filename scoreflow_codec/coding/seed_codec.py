@@ -709,6 +709,14 @@ def _lz_bits(n_comp: int, n_bytes: int) -> float:
     return 8.0 * n_comp + float(np.log2(_lz_bound(n_bytes) + 1))
 
 
+def _lz_mode(planes: np.ndarray, bits: float) -> tuple[bytes | None, float]:
+    """Version 5's choice: (the LZMA mode's bytes where smaller than version 4's `bits`, else None;
+    the call's total bits, its mode flag included)."""
+    comp = _lz_bytes(planes)
+    lz_bits = _lz_bits(len(comp), planes.size)
+    return (comp, 1.0 + lz_bits) if lz_bits < bits else (None, 1.0 + bits)
+
+
 def _lz_pop(m: Message, shape: tuple[int, int, int]) -> np.ndarray:
     """The LZMA mode's planes from the stack. Garbage gives some planes (zeros where the bytes do
     not decompress to exactly the shape's size), never an exception: the caller's CRC catches it."""
@@ -744,14 +752,13 @@ def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
     version = _check_version(version)
     ls, flat, plans, bits = _choose(planes, lay, version)
     if version >= 5:
-        comp = _lz_bytes(planes)
-        lz_bits = _lz_bits(len(comp), planes.size)
-        if lz_bits < bits:  # the LZMA mode: its bytes, their count, then the flag (popped first)
+        comp, bits = _lz_mode(planes, bits)
+        if comp is not None:  # the LZMA mode: its bytes, their count, then the flag (popped first)
             if comp:
                 uniform(256, (len(comp),)).push(m, np.frombuffer(comp, dtype=np.uint8).astype(np.int64))
             uniform(_lz_bound(planes.size) + 1, ()).push(m, np.int64(len(comp)))
             _FLAG.push(m, np.int64(1))
-            return 1.0 + lz_bits
+            return bits
     counts = []
     for c, pl in enumerate(plans):
         cc = None
@@ -780,8 +787,7 @@ def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
     if version >= 2:
         _FLAG.push(m, np.int64(ls))
     if version >= 5:
-        _FLAG.push(m, np.int64(0))
-        bits += 1.0
+        _FLAG.push(m, np.int64(0))  # its bit is in `bits` already (_lz_mode)
     return bits
 
 
@@ -860,9 +866,7 @@ def seed_bits(planes: np.ndarray, version: int = LATEST) -> float:
     c_, h, w = _check_shape(planes.shape)
     version = _check_version(version)
     bits = _choose(planes, _layout(h, w), version)[3]
-    if version >= 5:
-        bits = 1.0 + min(bits, _lz_bits(len(_lz_bytes(planes)), planes.size))
-    return bits
+    return _lz_mode(planes, bits)[1] if version >= 5 else bits
 
 
 def calibrate(images: np.ndarray, version: int = 1) -> np.ndarray:
