@@ -138,6 +138,9 @@ def _coded_by(rep) -> str:
         sample = "" if e.complete else f" (+- {e.se:.3f}, from {e.units} of {e.total} tiles)"
         return (f"seed codec alone; the model's stream was not coded: the model's bound, "
                 f"{e.mean:.3f} bits/dim{sample}, is above this file's (--fallback both codes it anyway)")
+    if rep.model_bytes is None and rep.stream.n_tiles == 0:
+        return "seed codec alone; the model's stream was not coded: no image has colour planes for the model " \
+               "(palette index planes go through the seed codec either way)"
     return "seed codec alone"
 
 

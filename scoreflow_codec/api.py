@@ -201,7 +201,9 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
     then the model's stream only if the model's bound (FALLBACK_N_T time samples, the float32
     network: seconds, where the stream takes minutes) is not FALLBACK_MARGIN_BPD above that file's
-    bits/dim (colour images without other planes; others are coded both ways)."""
+    bits/dim (colour images without other planes; others are coded both ways). "auto" and "both" never
+    code the model's stream of images without colour planes (palettes coded as index planes): it would
+    code the same planes with the same seed codec."""
     fallback = {False: "off", True: "auto"}.get(fallback, fallback)
     if fallback not in ("off", "auto", "both"):
         raise SfcError(f"unknown fallback {fallback!r}; expected off, auto or both")
@@ -253,7 +255,10 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
             threshold = 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD
             estimate = estimate_model_bpd(sources, model, ss.tile, device, threshold)
     model_bytes = None
-    if estimate is None or estimate.mean <= threshold:
+    # with no colour planes (palette index planes, alpha) the model's stream codes the same planes
+    # with the same seed codec, in a larger header: only the seed codec's file is worth writing
+    no_model_planes = fallback != "off" and all(s.color is None for s in sources)
+    if not no_model_planes and (estimate is None or estimate.mean <= threshold):
         try:
             with deterministic_torch():
                 payload, fields, rep = stream.encode(images, codec, ss, progress, track)

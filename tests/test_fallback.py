@@ -163,6 +163,32 @@ def test_auto_codes_both_where_it_cannot_estimate(model):
     assert rep.model_estimate_bpd is None and rep.model_bytes is not None and rep.seed_bytes is not None
 
 
+def _index_palette(h=24, w=40):
+    """A few-colour quantized ramp: choose_palette_coding codes it as its index plane, no colour planes."""
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([x * 6, y * 9, 255 - 3 * (x + y)], -1).clip(0, 255).astype(np.uint8)
+    return Image.fromarray(rgb).quantize(6)
+
+
+def test_images_without_colour_planes_skip_the_model_stream(model):
+    """A palette coded as indices has nothing for the model: "auto" and "both" write the seed
+    codec's file alone (the model's stream would be the same planes through the same seed codec,
+    in a larger header); "off" still writes the model's stream, which is larger and decodes the same."""
+    (src,) = api.choose_palette_coding([images.from_pil(_index_palette())], LATEST_SEED)
+    assert src.color is None and src.meta["palette_coded"] == "indices"
+    files = {}
+    for fb in ("auto", "both", "off"):
+        ticks = []
+        files[fb], rep = api.compress([src], model, "ode", SETTINGS, fallback=fb, progress=ticks.append)
+        assert rep.stream.n_tiles == 0 and sum(ticks) == api.compress_work_units([src], model, "ode", SETTINGS) == 0
+        assert (rep.model_bytes is None) == (fb != "off") and (rep.seed_bytes is None) == (fb == "off")
+        assert rep.model_estimate is None
+        (back,) = api.decompress(files[fb], None if fb != "off" else model)
+        assert np.array_equal(back.extra, src.extra)
+    assert files["auto"] == files["both"] and len(files["auto"]) < len(files["off"])
+    assert "model" not in container.unpack(files["auto"])[0]
+
+
 def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatch, model):
     from cli import main as cli_main
     monkeypatch.setattr(cli_main, "_load_model", lambda *a, **k: model)
@@ -207,3 +233,15 @@ def test_tile_activity_against_a_pixel_by_pixel_reference():
     got = api.tile_activity(tiles)
     assert got[3] == 0.0
     assert np.allclose(got, [ref(t) for t in tiles], rtol=1e-12, atol=0)
+
+
+def test_cli_says_why_an_index_palette_has_no_model_stream(tmp_path, monkeypatch, model):
+    from cli import main as cli_main
+    monkeypatch.setattr(cli_main, "_load_model", lambda *a, **k: model)
+    png = tmp_path / "pal.png"
+    _index_palette().save(png)
+    out = tmp_path / "pal.sfc"
+    r = CliRunner().invoke(cli_main.cli, ["compress", str(png), "-o", str(out), "--steps", "32", "--mode", "ode"])
+    assert r.exit_code == 0, r.output
+    assert "no image has colour planes for the model" in r.output, r.output
+    assert images.to_pil(api.decompress(out.read_bytes(), None)[0]).tobytes() == Image.open(png).tobytes()
