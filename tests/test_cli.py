@@ -346,7 +346,7 @@ def test_info(good_sfc):
     out = r.stdout
     # one 8x8 image is one tile, coded by the seed codec: the chain's settings, the model and the
     # setup are left out (it decodes without them)
-    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "format:    .sfc v3, written by", "model:     none", "decodes without a model", "mode:      chain",
+    for words in ("file:", f"({good_sfc.stat().st_size} bytes", "format:    .sfc v4, written by", "model:     none", "decodes without a model", "mode:      chain",
                   "unused: every tile is in the seed codec", "setup:     none needed", "images:    1", "1 x 8x8 RGB", "stream:"):
         assert words in out, (words, out)
     h = json.loads(sfcodec("info", good_sfc, "--json").stdout)

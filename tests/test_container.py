@@ -21,7 +21,7 @@ from scoreflow_codec.container import (
 )
 from scoreflow_codec.errors import BadFileError, UnsupportedVersionError
 
-GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2, 3)}
+GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2, 3, 4)}
 GOLDEN = GOLDENS[1]
 GOLDEN_HEADER = {
     "format": "sfc",
@@ -46,10 +46,10 @@ def test_golden_bitstream(version):
 
 
 def test_pack_writes_the_latest_version():
-    assert FORMAT_VERSION == max(ZDICTS) == 3
-    assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == GOLDENS[3].read_bytes()
+    assert FORMAT_VERSION == max(ZDICTS) == 4
+    assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == GOLDENS[4].read_bytes()
     with pytest.raises(ValueError):
-        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=4)
+        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=5)
 
 
 def test_version_2_headers_are_smaller():
@@ -58,7 +58,7 @@ def test_version_2_headers_are_smaller():
     seed_single = (b'{"codec":"0.7.0","crc32":2407063747,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":1,'
                    b'"pad_words":2},"images":[[32,32,"RGB",1]],"meta":{"0":{"name":"c0.png"}},"mode":"chain",'
                    b'"settings":{},"stream":{"seed":4}}')
-    sizes = {v: len(_deflate(seed_single, v)) for v in ZDICTS}
+    sizes = {v: len(_deflate(seed_single, v)) for v in (1, 2, 3)}
     assert sizes == {1: 47, 2: 28, 3: 25}
     for v in ZDICTS:
         assert unpack(pack(json.loads(seed_single), GOLDEN_WORDS, version=v))[0]["crc32"] == 2407063747
@@ -66,7 +66,47 @@ def test_version_2_headers_are_smaller():
     # deflates to 31 bytes with version 2's dictionary, whose matches both strings break, and 22
     # with version 3's
     new = seed_single.replace(b"0.7.0", b"0.9.0").replace(b'"seed":4', b'"seed":5')
-    assert {v: len(_deflate(new, v)) for v in ZDICTS} == {1: 47, 2: 31, 3: 22}
+    assert {v: len(_deflate(new, v)) for v in (1, 2, 3)} == {1: 47, 2: 31, 3: 22}
+
+
+def _header_bytes(data: bytes) -> int:
+    return struct.unpack_from("<I", data, 12)[0]
+
+
+def test_version_4_keeps_the_release_out_of_the_dictionary_s_way():
+    """Version 4 carries the release x.y.z in the fixed header, so a new release no longer breaks
+    the dictionary's long matches: a one-image seed codec header costs the same bytes whatever the
+    release; in version 3 it grew 3 - 4 bytes once the release was no longer 0.9.0."""
+    seed_single = {"crc32": 2407063747, "fields": {"n_seed": 1, "n_tiles": 1, "pad_stripped": 1, "pad_words": 2},
+                   "images": [[32, 32, "RGB", 1]], "meta": {"0": {"name": "c0.png"}}, "mode": "chain",
+                   "settings": {}, "stream": {"seed": 5}}
+    sizes = {}
+    for release in ("0.9.0", "0.9.1", "0.10.0", "1.0.0", "14.63.63"):
+        h = {**seed_single, "codec": release}
+        sizes[release] = {v: _header_bytes(pack(h, GOLDEN_WORDS, version=v)) for v in (3, 4)}
+        data = pack(h, GOLDEN_WORDS)
+        assert unpack(data)[0] == h and peek_header(data) == h
+        x, y, z = (int(p) for p in release.split("."))
+        assert struct.unpack_from("<H", data, 10)[0] == 1 + (x << 12 | y << 6 | z)
+        assert b'"codec"' not in zlib.decompressobj(-15, ZDICTS[4]).decompress(data[16:16 + _header_bytes(data)])
+    assert sizes["0.9.0"][3] == 22 and sizes["0.9.1"][3] == 25 and sizes["0.10.0"][3] == 26
+    assert {s[4] for s in sizes.values()} == {21}
+    # what the field cannot hold stays in the JSON, the field 0: the file reads back the same
+    for release in ("15.0.0", "0.64.0", "0.9.1rc1", "0.09.1", "1.2", 7, None):
+        h = {**seed_single, "codec": release}
+        data = pack(h, GOLDEN_WORDS)
+        assert struct.unpack_from("<H", data, 10)[0] == 0 and unpack(data)[0] == h
+    assert struct.unpack_from("<H", pack(seed_single, GOLDEN_WORDS), 10)[0] == 0
+
+
+def test_the_release_field_is_checked():
+    # versions 1 - 3: reserved, zero; version 4: a release, not also in the JSON, within range
+    assert "reserved" in _msg(_rebuild(version=3, reserved=1))
+    assert unpack(_rebuild(version=4, reserved=1))[0] == {"codec": "0.0.0"}
+    assert unpack(_rebuild(version=4, reserved=579, header=b'{"mode":"chain"}'))[0] == {"codec": "0.9.2", "mode": "chain"}
+    assert "both in the fixed header and in the JSON" in _msg(_rebuild(version=4, reserved=578, header=b'{"codec":"0.9.1"}'))
+    for field in (1 + (15 << 12), 0xFFFF):
+        assert "release field" in _msg(_rebuild(version=4, reserved=field))
 
 
 @settings(max_examples=50, deadline=None)
@@ -140,7 +180,7 @@ def test_each_error_says_what_is_wrong():
     assert "header CRC" in _msg(good[:20] + bytes([good[20] ^ 1]) + good[21:])
     assert "payload CRC" in _msg(good[:-6] + bytes([good[-6] ^ 1]) + good[-5:])
     assert "limit" in _msg(_rebuild(hlen=MAX_HEADER_BYTES + 1))
-    assert "reserved" in _msg(_rebuild(reserved=1))
+    assert "reserved" in _msg(_rebuild(version=3, reserved=1))
     assert "not valid JSON" in _msg(_rebuild(header=b"{nope"))
     assert "not valid JSON" in _msg(_rebuild(header=b"\xff\xfe"))
     assert "not valid JSON" in _msg(_rebuild(header=b"[" * 100_000 + b"]" * 100_000))
@@ -158,12 +198,12 @@ def test_each_error_says_what_is_wrong():
     assert "trailing" in _msg(_rebuild(header=_deflate(b"{}") + b"x", raw=True))
     assert "inflates beyond" in _msg(_rebuild(header=b'{"a":"' + b"a" * (MAX_HEADER_BYTES + 10) + b'"}'))
     with pytest.raises(UnsupportedVersionError) as e:
-        unpack(_rebuild(version=4))
-    assert str(e.value) == "format version 4 not supported by this release (reads versions 1 to 3)"
+        unpack(_rebuild(version=5))
+    assert str(e.value) == "format version 5 not supported by this release (reads versions 1 to 4)"
     with pytest.raises(UnsupportedVersionError):
         peek_header(_rebuild(version=0))
     # a header deflated with one version's dictionary, labelled (CRC and all) as the other version
-    for wrong, right in ((1, 2), (2, 1), (2, 3), (1, 3), (3, 1)):
+    for wrong, right in ((1, 2), (2, 1), (2, 3), (1, 3), (3, 1), (4, 1), (1, 4)):
         hb = _deflate(b'{"codec":"0.8.0","images":[[32,32,"RGB",1]],"mode":"chain"}', right)
         assert len(_msg(_rebuild(version=wrong, header=hb, raw=True)))
     # version 3's dictionary ends with version 2's headers re-written by 0.9.0, so this short header

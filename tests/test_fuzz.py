@@ -161,8 +161,8 @@ def test_random_bit_flips(files, model):
 
 def test_other_format_versions(files, model):
     a, _, _ = files
-    assert container.format_version(a) == container.FORMAT_VERSION == 3
-    for v in (0, 4, 0xFFFF):
+    assert container.format_version(a) == container.FORMAT_VERSION == 4
+    for v in (0, 5, 0xFFFF):
         bad = bytearray(a)
         struct.pack_into("<H", bad, 8, v)
         # the version is checked before the CRC, so the message is about the version
