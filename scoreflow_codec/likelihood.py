@@ -10,7 +10,6 @@ import logging
 import math
 
 import torch
-from torchdiffeq import odeint
 
 from . import pixels
 from .losses import dsm_loss, perturb, stratified_uniform
@@ -207,6 +206,9 @@ def ode_nll_continuous(
                     div = div + (gp * pk).reshape(n, -1).sum(1)
                 div = div / probes
         return v.detach(), div.detach()
+
+    # imported here: torchdiffeq loads scipy.integrate (1 - 2 s), which only this adaptive solver needs
+    from torchdiffeq import odeint
 
     ts = torch.tensor([eps, sde.T], dtype=y.dtype, device=y.device)
     state0 = (y.detach(), torch.zeros(n, dtype=y.dtype, device=y.device))

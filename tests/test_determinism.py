@@ -330,3 +330,38 @@ def test_a_failed_verify_writes_nothing(cli, monkeypatch):
 def test_default_micro_batch_keeps_pixels_per_call():
     """8 tiles of 32x32 per network call at any tile size (at least one tile)."""
     assert [api.default_micro_batch(t) for t in (8, 16, 32, 64, 128, 256)] == [128, 32, 8, 2, 1, 1]
+
+
+def test_deterministic_torch_sets_and_restores_without_loading_inductor():
+    """Coding runs under torch's deterministic algorithms (warn only); the caller's setting comes
+    back after, and the switch does not import torch._inductor (seconds of every CLI run: it is
+    what torch.use_deterministic_algorithms imports first). In a fresh interpreter, where nothing
+    has loaded inductor yet."""
+    import subprocess
+    import sys
+    code = """
+import sys, torch
+from scoreflow_codec.coding.evaluator import deterministic_torch
+state = lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+assert state() == (False, False)
+with deterministic_torch():
+    assert state() == (True, True)
+assert state() == (False, False)
+torch.use_deterministic_algorithms(True)  # the caller's own setting (this call loads inductor)
+with deterministic_torch():
+    assert state() == (True, True)
+assert state() == (True, False)
+print("ok")
+"""
+    code_no_inductor = """
+import sys, torch
+from scoreflow_codec.coding.evaluator import deterministic_torch
+with deterministic_torch():
+    pass
+print("torch._inductor" in sys.modules)
+"""
+    run = lambda c: subprocess.run([sys.executable, "-c", c], capture_output=True, text=True, timeout=300)
+    r = run(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    r = run(code_no_inductor)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

@@ -14,6 +14,7 @@ form of the ODE mode comes from a finite difference of two exact forwards instea
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable
 
 import numpy as np
@@ -31,15 +32,29 @@ def quantize(v: np.ndarray, bits: int = QUANT_BITS) -> np.ndarray:
     return np.rint(v * scale) / scale
 
 
+def _set_deterministic(mode: bool, warn_only: bool) -> None:
+    """torch.use_deterministic_algorithms(mode, warn_only=...) without its first step, an import of
+    torch._inductor.config to set the flag of graphs that torch.compile builds (we build none):
+    that import took 3 - 6 s of every sfcodec run that coded or decoded a model's stream (a 4x4
+    image's compress, 13 s, spent 9 of them there on a busy 2-core CPU). Where inductor is already
+    loaded, the public call keeps its flag in step."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        setter(mode, warn_only=warn_only)
+
+
 @contextlib.contextmanager
 def deterministic_torch():
-    """torch.use_deterministic_algorithms for the duration of a coding run."""
-    prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    """torch's deterministic algorithms (warn only) for the duration of a coding run; the caller's
+    setting is restored after."""
+    prev = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    _set_deterministic(True, warn_only=True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(prev)
+        _set_deterministic(*prev)
 
 
 class Evaluator:
