@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -14,14 +15,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
-import torch
 
 from . import __version__, container, images as imgs
 from .coding import stream
-from .coding.chain_codec import ChainSettings
-from .coding.evaluator import deterministic_torch
-from .coding.ode_codec import ODESettings
-from .coding.pipeline import ARITHMETICS, MODES, build_tile_codec, steps_per_batch
+from .coding.modes import ARITHMETICS, MODES, steps_per_batch
 from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError
 from .estimate import Estimate, sequential_mean
 
@@ -78,7 +75,15 @@ def default_micro_batch(tile: int) -> int:
     return tiles_like(DEFAULT_MICRO_BATCH, tile)
 
 
+# torch, the networks and the model codecs are imported where a model runs, not at the top:
+# reading a header (sfcodec info) and decoding a seed-only file (every Kodak file today) need none
+# of them, and importing torch takes seconds.
+
+
 def default_settings(mode: str) -> dict:
+    from .coding.chain_codec import ChainSettings
+    from .coding.ode_codec import ODESettings
+
     if mode == "ode":
         return ODESettings().to_dict()
     if mode == "chain":
@@ -121,7 +126,35 @@ def _eps_mse(model) -> dict | None:
 
 
 def _device_class(device: str) -> str:
+    import torch
+
     return torch.device(device).type
+
+
+def _build_codec(model, mode: str, settings: dict, micro_batch: int, device: str, arith: str):
+    """The model's tile codec (coding.pipeline, imported here with torch and the networks)."""
+    from .coding.pipeline import build_tile_codec
+
+    return build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
+                            _eps_mse(model), arith)
+
+
+@contextlib.contextmanager
+def _model_run(threads: int | None):
+    """Where a model codes: torch's deterministic algorithms and, where given, this many threads (the
+    file's, for float32 files); the caller's thread count comes back after."""
+    import torch
+
+    from .coding.evaluator import deterministic_torch
+
+    prev = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        with deterministic_torch():
+            yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 def _images_crc(sources: list[imgs.SourceImage]) -> int:
@@ -207,6 +240,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     fallback = {False: "off", True: "auto"}.get(fallback, fallback)
     if fallback not in ("off", "auto", "both"):
         raise SfcError(f"unknown fallback {fallback!r}; expected off, auto or both")
+    import torch
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
@@ -225,8 +259,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     _check_arith(arith, device)
     try:
-        codec = build_tile_codec(model.model, model.dequantizer, model.sde, mode, settings, micro_batch, device,
-                                 _eps_mse(model), arith)
+        codec = _build_codec(model, mode, settings, micro_batch, device, arith)
     except TypeError as e:
         raise SfcError(f"{e}; use arith='float32'") from None
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
@@ -260,7 +293,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     no_model_planes = fallback != "off" and all(s.color is None for s in sources)
     if not no_model_planes and (estimate is None or estimate.mean <= threshold):
         try:
-            with deterministic_torch():
+            with _model_run(None):
                 payload, fields, rep = stream.encode(images, codec, ss, progress, track)
         except ValueError as e:
             # a coder refused a value: the solver left the range it can code (steps far too few)
@@ -294,6 +327,8 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     its tiles), FALLBACK_N_T stratified time samples. With a threshold, tiles are taken in a random
     order (fixed seed: the same decision every run) and the estimate stops once it lies FALLBACK_Z
     standard errors above or below it (estimate.sequential_mean); without one, every tile counts."""
+    import torch
+
     from . import likelihood
 
     if not all(s.color is not None and s.color.shape[0] == 3 and s.extra is None for s in sources):
@@ -545,6 +580,8 @@ def check_setup(h: dict, model, device: str) -> None:
         raise ModelMismatchError(
             f"file was encoded on {setup.get('device')}; its floats can only be reproduced there: "
             f"decode with --device {setup.get('device')}")
+    import torch
+
     if setup.get("torch") != torch.__version__:
         log.warning("file was encoded with torch %s, this is %s: decoding may fail its CRC check",
                     setup.get("torch"), torch.__version__)
@@ -589,24 +626,22 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     try:
         mode_settings, stream_settings = full_settings(header)
         ss = stream.StreamSettings.from_dict(stream_settings)
-        codec = build_tile_codec(model.model, model.dequantizer, model.sde, header["mode"], mode_settings,
-                                 int(header["setup"]["micro_batch"]), device, _eps_mse(model), header["setup"]["dtype"]
-                                 ) if use_model else stream.NO_MODEL
+        codec = _build_codec(model, header["mode"], mode_settings, int(header["setup"]["micro_batch"]), device,
+                             header["setup"]["dtype"]) if use_model else stream.NO_MODEL
     except (TypeError, ValueError, KeyError) as e:
         raise BadFileError(f"corrupt header: bad coding settings ({e})") from None
-    prev_threads = torch.get_num_threads()
     threads = header.get("setup", {}).get("threads")
-    if use_model and isinstance(threads, int) and threads >= 1 and header["setup"]["dtype"] != "exact64":
-        torch.set_num_threads(threads)
+    if not (isinstance(threads, int) and threads >= 1 and header["setup"]["dtype"] != "exact64"):
+        threads = None  # exact64 decodes alike at any thread count
+    # a seed-only stream runs no model: integers only, no torch
+    run = _model_run(threads) if use_model else contextlib.nullcontext()
     try:
-        with deterministic_torch():
+        with run:
             decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress)
     except (ValueError, OverflowError, IndexError) as e:
         raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None
     except BadFileError as e:
         raise BadFileError(f"{e}{_why(header)}") from None
-    finally:
-        torch.set_num_threads(prev_threads)
     sources = [imgs.SourceImage(mode, d.color, d.extra, meta)
                for (w, hh, mode, meta), d in zip(_expand(header), decoded)]
     try:
@@ -721,6 +756,8 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
     its tiles (edge tiles padded by replication, so counted over the padded dims; tile: the
     model's by default, as compress uses). Both are of the same dequantized y (one u per tile).
     probes: Hutchinson probes per tile for the ODE's divergence (its noise falls as 1/sqrt)."""
+    import torch
+
     from . import likelihood
 
     tile = default_stream_settings(model, tile).tile

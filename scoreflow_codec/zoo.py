@@ -8,9 +8,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ModelError
-from .modelfile import LoadedModel, file_sha256, load_model_file
+# modelfile (torch, the networks) is imported where a model is loaded: looking a name or sha up in
+# the index (sfcodec info, models) needs neither
+
+if TYPE_CHECKING:
+    from .modelfile import LoadedModel
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 
@@ -41,6 +46,8 @@ def default_model() -> str | None:
 def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu") -> LoadedModel:
     """An existing path -> that file; a name in the index -> the packaged file, sha256 checked;
     None -> the index's default. Anything else raises ModelError listing the shipped names."""
+    from .modelfile import file_sha256, load_model_file
+
     index = _index()
     if name_or_path is None:
         name_or_path = index["default"]

@@ -696,3 +696,27 @@ def test_few_steps_still_round_trip(image, model_a, tmp_path):
     assert_ok(sfcodec("decompress", out, "-o", dec, "--model", model_a, "-q"))
     for src in srcs:
         assert_same_pixels(src, dec / src.name)
+
+
+def test_info_and_seed_only_decoding_do_not_load_torch(good_sfc, tmp_path):
+    """Reading a header and decoding a seed-only file run no model: the CLI does both without
+    importing torch (seconds of every run), in a fresh interpreter. The decoded image is the one
+    the in-process CLI decodes."""
+    import subprocess
+    import sys
+    out = tmp_path / "fresh.png"
+    code = f"""
+import sys
+from cli.main import cli
+for args in (["info", {str(good_sfc)!r}], ["decompress", {str(good_sfc)!r}, "-o", {str(out)!r}, "-q"]):
+    try:
+        cli(args, standalone_mode=False)
+    except SystemExit as e:
+        assert not e.code, e.code
+print("torch" in sys.modules)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stdout
+    assert_ok(sfcodec("decompress", good_sfc, "-o", tmp_path / "here.png", "-q"))
+    assert (tmp_path / "here.png").read_bytes() == out.read_bytes()

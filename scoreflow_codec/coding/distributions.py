@@ -20,7 +20,6 @@ import math
 
 import constriction
 import numpy as np
-import torch
 
 from .ans import Codec, Message
 
@@ -345,6 +344,8 @@ def _bit_length(e: np.ndarray) -> np.ndarray:
 
 
 def _erf(z: np.ndarray) -> np.ndarray:
+    import torch  # here, not at the top: the seed codec's path (sfcodec info, seed-only files) needs no torch
+
     return torch.special.erf(torch.from_numpy(np.ascontiguousarray(z, dtype=np.float64))).numpy()
 
 
@@ -356,6 +357,8 @@ def _cdf(x: np.ndarray, mu: np.ndarray, std: np.ndarray) -> np.ndarray:
 
 def _float_bits(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     """-log2 P(X in [x - 0.5, x + 0.5]) in float64, accurate far into the tails (inf for p = 0)."""
+    import torch
+
     with np.errstate(all="ignore"):  # a tiny std gives +-inf z's, which the formulas handle
         z_hi = (x + 0.5 - mean) / std
         z_lo = (x - 0.5 - mean) / std

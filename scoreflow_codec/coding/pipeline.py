@@ -14,9 +14,8 @@ from .ans import Message
 from .chain_codec import ChainCodec, ChainSettings
 from .dequant_codec import DequantCodec
 from .evaluator import Evaluator
+from .modes import ARITHMETICS, MODES, steps_per_batch  # noqa: F401 (pipeline's names too)
 from .ode_codec import ODECodec, ODESettings
-
-MODES = ("ode", "chain")
 
 
 class DensityTileCodec:
@@ -53,15 +52,6 @@ class DensityTileCodec:
 
     def steps_per_batch(self) -> int:
         return steps_per_batch("chain" if isinstance(self.flow, ChainCodec) else "ode", self.flow.s.steps)
-
-
-def steps_per_batch(mode: str, steps: int) -> int:
-    """Model evaluations (progress ticks) of one batch: the chain codes steps - 1 transitions, the
-    ODE solver takes `steps` steps."""
-    return steps - (1 if mode == "chain" else 0)
-
-
-ARITHMETICS = ("exact64", "float32")
 
 
 def build_tile_codec(model, dequantizer, sde, mode: str, settings: dict, micro_batch: int,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import exactmath as em
 
 from . import distributions as dist
 from .ans import Message
@@ -79,6 +78,8 @@ class FillCodec:
         start = np.clip(centres - FILL_WINDOW, 0, 255 - 2 * FILL_WINDOW)
         # probabilities of start + j, j = 0..2W, for a Gaussian centred on the centre
         offs = start[:, None] + np.arange(2 * FILL_WINDOW + 1)[None, :] - centres[:, None]
+        from .. import exactmath as em  # torch: only model tiles have latent pixels
+
         table = em.np_fn(em.exp)(-0.5 * (offs / self.std) ** 2)  # the same bits on every machine
         return start, table
 
