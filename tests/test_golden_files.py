@@ -31,10 +31,10 @@ def _arith(path: Path) -> str:
 def test_golden_files_exist():
     assert {p.stem for p in FILES} >= {"photo-1", "photo-2", "cifar10-1", "photo-x1", "cifar10-x1", "cifar10-x2",
                                        "cifar10-x3", "cifar10-x4", "cifar10-x5", "cifar10-x6", "cifar10-x7", "seed-x2", "seed-x3", "seed-x4",
-                                       "seed-h6", "seed-f2", "seed-x5"}
+                                       "seed-h6", "seed-f2", "seed-x5", "seed-f4"}
     assert {p.stem for p in FILES if _arith(p) == "exact64"} == {"photo-x1", "cifar10-x1", "cifar10-x2", "cifar10-x3", "cifar10-x4",
                                                                  "cifar10-x5", "cifar10-x6", "cifar10-x7", "seed-x2", "seed-x3", "seed-x4", "seed-h6",
-                                                                 "seed-f2", "seed-x5"}
+                                                                 "seed-f2", "seed-x5", "seed-f4"}
     # seed-only files before 0.6.0 name the model and setup they were made with; from 0.6.0 on, neither
     h6 = api.read_header((GOLDEN / "seed-h6.sfc").read_bytes())
     assert h6["codec"] == "0.6.0" and "model" not in h6 and "setup" not in h6
@@ -47,7 +47,15 @@ def test_golden_files_exist():
     versions = {p.stem: container.format_version(p.read_bytes()) for p in FILES}
     assert {s for s, v in versions.items() if v == 2} == {"seed-f2", "cifar10-x6"} and versions["seed-h6"] == 1
     assert {s for s, v in versions.items() if v == 3} == {"cifar10-x7", "seed-x5"}  # 0.9.0
-    assert set(versions.values()) == {1, 2, 3}
+    assert {s for s, v in versions.items() if v == 4} == {"seed-f4"}  # 0.9.1
+    assert set(versions.values()) == {1, 2, 3, 4}
+    # format version 4 holds the release in the fixed header: seed-f2's image written by 0.9.1 is
+    # the same 1,219 bytes as 0.8.0's file (a 27-byte header; in version 3 the new release would
+    # have cost 3 bytes)
+    f4 = (GOLDEN / "seed-f4.sfc").read_bytes()
+    assert api.read_header(f4)["codec"] == "0.9.1" and int.from_bytes(f4[10:12], "little") == 1 + (9 << 6 | 1)
+    assert np.array_equal(_pngs(GOLDEN / "seed-f4.sfc")[0], _pngs(GOLDEN / "seed-f2.sfc")[0])
+    assert len(f4) == len((GOLDEN / "seed-f2.sfc").read_bytes()) == 1219
     h6, f2 = ((GOLDEN / f"{n}.sfc").read_bytes() for n in ("seed-h6", "seed-f2"))
     assert np.array_equal(_pngs(GOLDEN / "seed-h6.sfc")[0], _pngs(GOLDEN / "seed-f2.sfc")[0])
     assert len(h6) - len(f2) == 26 and container.unpack(h6)[1].tobytes() == container.unpack(f2)[1].tobytes()

@@ -56,6 +56,9 @@ CASES = {
     "cifar10-x7": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.0: seed codec version 5, its LZMA mode (flat colours, stripes, lines: graphics)
     "seed-x5": ("photo", [(96, 64), (40, 24)], ["--steps", "16"], "graphic"),
+    # 0.9.1: format version 4 (the release in the fixed header, not in the deflated JSON), a
+    # seed-only one-image file of seed-f2's image
+    "seed-f4": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
 }
 
 
