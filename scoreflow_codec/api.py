@@ -241,6 +241,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     if fallback not in ("off", "auto", "both"):
         raise SfcError(f"unknown fallback {fallback!r}; expected off, auto or both")
     import torch
+
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
@@ -630,8 +631,9 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
                              header["setup"]["dtype"]) if use_model else stream.NO_MODEL
     except (TypeError, ValueError, KeyError) as e:
         raise BadFileError(f"corrupt header: bad coding settings ({e})") from None
-    threads = header.get("setup", {}).get("threads")
-    if not (isinstance(threads, int) and threads >= 1 and header["setup"]["dtype"] != "exact64"):
+    setup = header.get("setup", {}) if use_model else {}
+    threads = setup.get("threads")
+    if not (isinstance(threads, int) and threads >= 1 and setup.get("dtype") != "exact64"):
         threads = None  # exact64 decodes alike at any thread count
     # a seed-only stream runs no model: integers only, no torch
     run = _model_run(threads) if use_model else contextlib.nullcontext()
