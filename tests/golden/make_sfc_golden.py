@@ -59,6 +59,8 @@ CASES = {
     # 0.9.1: format version 4 (the release in the fixed header, not in the deflated JSON), a
     # seed-only one-image file of seed-f2's image
     "seed-f4": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
+    # 0.9.1: the cifar10 model of 0.9.1 (0.9.0's is cifar10-6 in the zoo now), format version 4
+    "cifar10-x8": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
