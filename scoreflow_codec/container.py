@@ -103,7 +103,6 @@ ZDICT_V4 = ZDICT_V3 + (
     b'"images":[[32,32,"RGB",1]],"meta":{"0":{"name":".png"}},"mode":"chain","settings":{},"stream":{"seed":5}}')
 ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2, 3: ZDICT_V3, 4: ZDICT_V4}
 RELEASE_FIELD = 4  # the first format version whose fixed header carries the release
-RELEASE_FIELD_MAX = 1 + (14 << 12 | 63 << 6 | 63)  # the field of release 14.63.63
 
 
 def release_field(codec: Any) -> int:
@@ -117,6 +116,9 @@ def release_field(codec: Any) -> int:
         return 0
     x, y, z = (int(p) for p in parts)
     return 1 + (x << 12 | y << 6 | z) if x < 15 and y < 64 and z < 64 else 0
+
+
+RELEASE_FIELD_MAX = release_field("14.63.63")  # the largest release the field holds
 
 
 def release_string(field: int) -> str:

@@ -14,7 +14,7 @@ from .ans import Message
 from .chain_codec import ChainCodec, ChainSettings
 from .dequant_codec import DequantCodec
 from .evaluator import Evaluator
-from .modes import ARITHMETICS, MODES, steps_per_batch  # noqa: F401 (pipeline's names too)
+from .modes import ARITHMETICS, MODES, steps_per_batch
 from .ode_codec import ODECodec, ODESettings
 
 
