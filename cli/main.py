@@ -133,12 +133,12 @@ def _coded_by(rep) -> str:
         return f"model's stream{seed}"
     if rep.model_bytes is not None and rep.model_bytes != rep.file_bytes:
         return f"seed codec alone, smaller than the model's stream ({8 * rep.model_bytes / rep.num_dims:.3f} bits/dim)"
-    if rep.model_bytes is None and rep.model_estimate is not None:
+    if rep.model_skipped == "estimate":
         e = rep.model_estimate
         sample = "" if e.complete else f" (+- {e.se:.3f}, from {e.units} of {e.total} tiles)"
         return (f"seed codec alone; the model's stream was not coded: the model's bound, "
                 f"{e.mean:.3f} bits/dim{sample}, is above this file's (--fallback both codes it anyway)")
-    if rep.model_bytes is None and rep.stream.n_tiles == 0:
+    if rep.model_skipped == "no colour planes":
         return "seed codec alone; the model's stream was not coded: no image has colour planes for the model " \
                "(palette index planes go through the seed codec either way)"
     return "seed codec alone"

@@ -105,6 +105,9 @@ class CompressReport:
     model_bytes: int | None = None  # the file the model's stream makes (None: not coded)
     seed_bytes: int | None = None   # the file the seed codec alone makes (compress(fallback=...))
     model_estimate: Estimate | None = None  # fallback "auto": the model's bound that decided
+    # why the model's stream was not coded: "estimate" (fallback "auto": the bound above the seed
+    # file), "no colour planes" (only palette index planes, which the seed codec codes either way)
+    model_skipped: str | None = None
 
     @property
     def model_estimate_bpd(self) -> float | None:
@@ -291,8 +294,12 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     model_bytes = None
     # with no colour planes (palette index planes, alpha) the model's stream codes the same planes
     # with the same seed codec, in a larger header: only the seed codec's file is worth writing
-    no_model_planes = fallback != "off" and all(s.color is None for s in sources)
-    if not no_model_planes and (estimate is None or estimate.mean <= threshold):
+    skipped = None
+    if fallback != "off" and all(s.color is None for s in sources):
+        skipped = "no colour planes"
+    elif estimate is not None and estimate.mean > threshold:
+        skipped = "estimate"
+    if skipped is None:
         try:
             with _model_run(None):
                 payload, fields, rep = stream.encode(images, codec, ss, progress, track)
@@ -309,7 +316,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     data, payload, rep = best
     report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
                             rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes,
-                            estimate)
+                            estimate, skipped)
     return data, report
 
 

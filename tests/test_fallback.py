@@ -118,11 +118,12 @@ def test_auto_skips_the_model_only_where_its_bound_is_above_the_seed_file(model)
     src = [images.from_array(_in_distribution(model))]
     data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
     assert rep.model_estimate_bpd < 8 * rep.seed_bytes / rep.num_dims and rep.coded_by == "model"
+    assert rep.model_skipped is None
     assert data == api.compress(src, model, "ode", SETTINGS)[0]
     ramp = [images.from_array(_gradient())]
     ticks = []
     data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, progress=ticks.append)  # True: "auto"
-    assert rep.model_bytes is None and rep.coded_by == "seed"
+    assert rep.model_bytes is None and rep.coded_by == "seed" and rep.model_skipped == "estimate"
     assert sum(ticks) == api.compress_work_units(ramp, model, "ode", SETTINGS)  # the bar completes
     assert rep.model_estimate_bpd > 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
     assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
@@ -182,7 +183,7 @@ def test_images_without_colour_planes_skip_the_model_stream(model):
         files[fb], rep = api.compress([src], model, "ode", SETTINGS, fallback=fb, progress=ticks.append)
         assert rep.stream.n_tiles == 0 and sum(ticks) == api.compress_work_units([src], model, "ode", SETTINGS) == 0
         assert (rep.model_bytes is None) == (fb != "off") and (rep.seed_bytes is None) == (fb == "off")
-        assert rep.model_estimate is None
+        assert rep.model_estimate is None and rep.model_skipped == (None if fb == "off" else "no colour planes")
         (back,) = api.decompress(files[fb], None if fb != "off" else model)
         assert np.array_equal(back.extra, src.extra)
     assert files["auto"] == files["both"] and len(files["auto"]) < len(files["off"])
