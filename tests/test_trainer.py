@@ -144,3 +144,36 @@ def test_cli_input_errors_are_one_line(tmp_path):
         assert "trainer: error:" in r.stderr and words in r.stderr, r.stderr
         assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
     assert not (tmp_path / "m.safetensors").exists() and not (tmp_path / "c.png").exists()
+
+
+def test_lr_schedule_warmup_then_linear_cool_down():
+    """lr_at against the closed form: linear warmup, constant, then (decay_from) linear to lr_end at steps."""
+    from trainer.train import lr_at
+
+    cfg = TrainConfig(lr=1e-3, warmup=4, steps=20)
+    assert [lr_at(cfg, s) for s in (0, 1, 3, 19)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
+    cool = TrainConfig(lr=1e-3, warmup=4, steps=20, decay_from=10, lr_end=1e-4)
+    assert [lr_at(cool, s) for s in (9, 10, 15, 20, 25)] == pytest.approx([1e-3, 1e-3, 5.5e-4, 1e-4, 1e-4])
+    assert lr_at(TrainConfig(lr=1e-3, warmup=1, steps=8, decay_from=4), 6) == pytest.approx(5e-4)  # lr_end 0
+
+
+def test_cool_down_branch_resumes_a_constant_run(cifar_small, tmp_path):
+    """`train --decay-from` on a resumed run: the steps after it get the falling lr (the metrics and
+    the optimizer's own lr), the steps before kept the constant one."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    out = tmp_path / "run"
+    common = ["train", "--out", str(out), "--log-every", "1", "--eval-every", "0", "--save-every", "0", "--no-progress"]
+    first = common + ["--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
+                      "--preset", "tiny", "--dequant", "uniform", "--batch", "8", "--eval-images", "8",
+                      "--eval-n-t", "2", "--lr", "1e-3", "--warmup", "1", "--steps", "4", "--no-bf16"]
+    for args in (first, common + ["--steps", "8", "--decay-from", "4", "--lr-end", "1e-4"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r}
+    assert [lrs[s] for s in range(1, 9)] == pytest.approx([1e-3] * 5 + [7.75e-4, 5.5e-4, 3.25e-4])
+    _, state = ckpt.load_checkpoint(out / "checkpoint")
+    assert state["step"] == 8 and state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3.25e-4)
+    assert json.loads((out / "config.json").read_text())["decay_from"] == 4

@@ -49,6 +49,9 @@ def main() -> None:
 @click.option("--batch", type=int, default=None, help="Global batch size.")
 @click.option("--lr", type=float, default=None)
 @click.option("--warmup", type=int, default=None)
+@click.option("--decay-from", type=click.IntRange(min=0), default=None,
+              help="From this step the lr falls linearly to --lr-end at --steps (a cool-down; 0: constant lr).")
+@click.option("--lr-end", type=click.FloatRange(min=0), default=None, help="The lr reached at --steps with --decay-from (default 0).")
 @click.option("--ema", type=float, default=None)
 @click.option("--grad-clip", type=float, default=None)
 @click.option("--dropout", type=float, default=None)

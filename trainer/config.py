@@ -27,6 +27,8 @@ class TrainConfig:
     batch: int = 128                      # global batch (split across ranks)
     lr: float = 2e-4
     warmup: int = 5000
+    decay_from: int = 0                   # from this step the lr falls linearly to lr_end at `steps` (0: constant)
+    lr_end: float = 0.0
     grad_clip: float = 1.0
     ema: float = 0.9999
     steps: int = 1_300_000
