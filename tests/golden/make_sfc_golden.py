@@ -61,6 +61,8 @@ CASES = {
     "seed-f4": ("cifar10", [(32, 32)], ["--steps", "16"], "chroma4"),
     # 0.9.1: the cifar10 model of 0.9.1 (0.9.0's is cifar10-6 in the zoo now), format version 4
     "cifar10-x8": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.9.2: the cifar10 model of 0.9.2 (0.9.1's is cifar10-7 in the zoo now), format version 4
+    "cifar10-x9": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
