@@ -73,8 +73,8 @@ def _dist_info() -> tuple[int, int, int]:
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """The lr of step `step` (0-based): a linear warmup over cfg.warmup steps, then constant; with
-    cfg.decay_from, linear from cfg.lr at that step to cfg.lr_end at cfg.steps (a cool-down: branch
-    it from a copy of the run directory, and continue the constant-lr run from the copy kept)."""
+    cfg.decay_from, linear from cfg.lr at that step to cfg.lr_end at cfg.steps (a cool-down, run on a
+    copy of the run directory; a later resume with decay_from 0 is at the constant lr again)."""
     lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
     if cfg.decay_from and step >= cfg.decay_from:
         frac = min(1.0, (step - cfg.decay_from) / max(1, cfg.steps - cfg.decay_from))
