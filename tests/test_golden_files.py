@@ -43,7 +43,8 @@ def test_golden_files_exist():
     # today's cifar10 (0.9.2, float16 weights)
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
     assert shas == {zoo.load_model(n).sha256 for n in ("cifar10", "cifar10-7", "cifar10-6", "cifar10-5", "cifar10-4", "cifar10-3", "cifar10-2", "cifar10-1")}
-    # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 from 0.9.0; the same image
+    # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from 0.9.1
+    # (the release in the fixed header); the same image
     # as seed-h6 (0.6.0), seed-f2's file is 26 bytes smaller, all of it header
     versions = {p.stem: container.format_version(p.read_bytes()) for p in FILES}
     assert {s for s, v in versions.items() if v == 2} == {"seed-f2", "cifar10-x6"} and versions["seed-h6"] == 1
