@@ -6,6 +6,7 @@
   python -m trainer train --out runs/tiny --steps 600          # resume: same --out, more steps
   torchrun --nproc_per_node 4 -m trainer train --preset base ...  # several GPUs (DDP)
   python -m trainer export runs/tiny -o tiny.safetensors
+  python -m trainer ship tiny.safetensors --as tiny --description "..."  # into the package's zoo
   python -m trainer device-prep --data ... --eval-data ... --run runs/x  # a chunk on a lent GPU
   sfcodec compress img.png -o img.sfc --model tiny.safetensors
 """
@@ -120,6 +121,35 @@ def export(run, output, fp16, name, calib_images):
     with _input_errors():
         sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images)
     click.echo(f"{output}: sha256 {sha}")
+
+
+@main.command()
+@click.argument("model_file", type=click.Path(path_type=Path))
+@click.option("--as", "name", required=True, help="The zoo name it ships as (e.g. cifar10).")
+@click.option("--keep-as", default=None,
+              help="Where the name ships already: the name its model keeps (e.g. cifar10-8), so that its files decode.")
+@click.option("--description", required=True, help="The index's line on the new model.")
+@click.option("--old-description", default=None, help="The index's line on the kept model (default: says whence).")
+@click.option("--old-version", default=None, help="The release the kept model was the name's in (default: this one).")
+@click.option("--card", default=None, type=click.Path(path_type=Path),
+              help="The new model's card (default: the old card's text, to be updated).")
+@click.option("--curve", default=None, type=click.Path(path_type=Path), help="Its training curve (trainer plot).")
+@click.option("--tile", type=click.IntRange(8, 256), default=None, help="Its default tile (default: the old entry's).")
+@click.option("--default", "make_default", is_flag=True, help="Make it the zoo's default model.")
+@click.option("--zoo", "zoo_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="The zoo folder (default: the package's, scoreflow_codec/zoo).")
+def ship(model_file, zoo_dir, **kw):
+    """Put an exported model into the zoo under a name (the model that had it keeps another)."""
+    from scoreflow_codec.zoo import ZOO_DIR
+
+    from .ship import ship as do_ship
+
+    with _input_errors():
+        s = do_ship(model_file, zoo_dir=zoo_dir or ZOO_DIR, **kw)
+    kept = f"; the previous {s.name} is now {s.kept_as}" if s.kept_as else ""
+    click.echo(f"shipped {model_file} as {s.name} (sha256 {s.sha256}){kept}")
+    if s.card_from_old:
+        click.echo(f"{s.name}.md is the previous card's text: put the new model's numbers in it", err=True)
 
 
 @main.command("device-prep")

@@ -1,0 +1,140 @@
+"""`python -m trainer ship`: an exported model takes a zoo name, the model that had it keeps another,
+and the zoo reader (scoreflow_codec.zoo) finds both, the old one by the sha256 its files carry."""
+import hashlib
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from scoreflow_codec import zoo
+from scoreflow_codec.models.presets import build
+from scoreflow_codec.modelfile import save_model
+from scoreflow_codec.sde import SDEConfig
+from trainer.__main__ import main
+
+torch.set_num_threads(1)
+
+OLD_CARD = """# Model card: `toy`
+
+The default model. Its training curve is `toy_curve.png`.
+
+| | |
+|---|---|
+| steps | 10 |
+
+## Measured
+
+- bound 9.9 bpd; the curve: `toy_curve.png`.
+"""
+
+
+def _model(path, seed):
+    torch.manual_seed(seed)
+    model, deq = build("tiny", SDEConfig(kind="vp"))
+    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}})
+    return path
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _ship(*args):
+    r = CliRunner().invoke(main, ["ship", *map(str, args)])
+    return r
+
+
+@pytest.fixture
+def zoo_dir(tmp_path, monkeypatch):
+    """A zoo with `toy` (model, card, curve) and an older `toy-1`."""
+    z = tmp_path / "zoo"
+    z.mkdir()
+    m0, m1 = _model(z / "toy-1.safetensors", 0), _model(z / "toy.safetensors", 1)
+    (z / "toy.md").write_text(OLD_CARD)
+    (z / "toy-1.md").write_text("# Model card: `toy-1`\n")
+    (z / "toy_curve.png").write_bytes(b"curve-of-toy")
+    (z / "index.json").write_text(json.dumps({"default": "toy", "models": {
+        "toy": {"file": "toy.safetensors", "sha256": _sha(m1), "description": "the toy", "image_size": 32, "tile": 48},
+        "toy-1": {"file": "toy-1.safetensors", "sha256": _sha(m0), "description": "older", "image_size": 32},
+        "other": {"file": "toy-1.safetensors", "sha256": "0" * 64, "description": "x", "image_size": 32}}}))
+    monkeypatch.setattr(zoo, "ZOO_DIR", z)
+    return z
+
+
+def test_ship_renames_the_old_model_and_both_load(zoo_dir, tmp_path):
+    old_sha = _sha(zoo_dir / "toy.safetensors")
+    new = _model(tmp_path / "new.safetensors", 2)
+    card = tmp_path / "card.md"
+    card.write_text("# Model card: `toy`\n\nthe new one\n")
+    r = _ship(new, "--as", "toy", "--keep-as", "toy-2", "--description", "the new toy", "--old-version", "0.1.0",
+              "--card", card, "--zoo", zoo_dir)
+    assert r.exit_code == 0, r.output
+    assert f"the previous toy is now toy-2" in r.output
+
+    index = json.loads((zoo_dir / "index.json").read_text())
+    assert list(index["models"]) == ["toy", "toy-2", "toy-1", "other"] and index["default"] == "toy"
+    assert index["models"]["toy"] == {"file": "toy.safetensors", "sha256": _sha(new), "description": "the new toy",
+                                      "image_size": 32, "tile": 48}
+    kept = index["models"]["toy-2"]
+    assert kept["file"] == "toy-2.safetensors" and kept["sha256"] == old_sha and kept["tile"] == 48
+    assert "0.1.0" in kept["description"] and "toy-2.md" in kept["description"]
+
+    # the files moved with the name, and the zoo reader checks both against their sha256
+    assert (zoo_dir / "toy.safetensors").read_bytes() == new.read_bytes()
+    assert zoo.load_model("toy").sha256 == _sha(new)
+    assert zoo.load_model("toy-2").sha256 == old_sha and zoo.shipped_name(old_sha) == "toy-2"
+    assert (zoo_dir / "toy-2_curve.png").read_bytes() == b"curve-of-toy" and not (zoo_dir / "toy_curve.png").exists()
+    assert (zoo_dir / "toy.md").read_text() == card.read_text()
+
+    kept_card = (zoo_dir / "toy-2.md").read_text()
+    head, body = kept_card.split("\n| | |\n")
+    assert head.startswith("# Model card: `toy-2`\n") and "of 0.1.0" in head and "`toy-1` (`toy-1.md`)" in head
+    assert "Its training curve is `toy-2_curve.png`" in head and "The default model." not in head
+    assert body == OLD_CARD.split("\n| | |\n")[1].replace("`toy_curve.png`", "`toy-2_curve.png`")
+
+
+def test_ship_without_a_card_keeps_the_old_text_and_says_so(zoo_dir, tmp_path):
+    new = _model(tmp_path / "new.safetensors", 2)
+    r = _ship(new, "--as", "toy", "--keep-as", "toy-2", "--description", "d", "--zoo", zoo_dir)
+    assert r.exit_code == 0, r.output
+    assert (zoo_dir / "toy.md").read_text() == OLD_CARD
+    assert "previous card's text" in r.stderr
+
+
+def test_ship_a_new_name_into_an_empty_zoo(tmp_path):
+    z = tmp_path / "empty"
+    new = _model(tmp_path / "m.safetensors", 3)
+    r = _ship(new, "--as", "photo2", "--description", "photos", "--tile", "64", "--zoo", z)
+    assert r.exit_code == 0, r.output
+    index = json.loads((z / "index.json").read_text())
+    assert index == {"models": {"photo2": {"file": "photo2.safetensors", "sha256": _sha(new), "description": "photos",
+                                           "image_size": 32, "tile": 64}}, "default": "photo2"}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("no keep-as", "--keep-as"),
+    ("keep-as taken", "is taken"),
+    ("already shipped", "already shipped as 'toy-1'"),
+    ("not a model", "not a safetensors model file"),
+    ("missing file", "model file not found"),
+    ("bad name", "bad model name"),
+    ("keep-as of a new name", "no model to keep"),
+])
+def test_refused_ships_change_nothing(zoo_dir, tmp_path, case, words):
+    new = _model(tmp_path / "new.safetensors", 2)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a model at all")
+    args = {"no keep-as": [new, "--as", "toy"],
+            "keep-as taken": [new, "--as", "toy", "--keep-as", "toy-1"],
+            "already shipped": [zoo_dir / "toy-1.safetensors", "--as", "toy", "--keep-as", "toy-2"],
+            "not a model": [junk, "--as", "toy", "--keep-as", "toy-2"],
+            "missing file": [tmp_path / "none.safetensors", "--as", "toy", "--keep-as", "toy-2"],
+            "bad name": [new, "--as", "Toy/../x", "--keep-as", "toy-2"],
+            "keep-as of a new name": [new, "--as", "fresh", "--keep-as", "fresh-1"]}[case]
+    before = {p.name: p.read_bytes() for p in zoo_dir.iterdir()}
+    r = _ship(*args, "--description", "d", "--zoo", zoo_dir)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("trainer: error:") and words in r.stderr, r.stderr
+    assert "Traceback" not in r.output
+    assert {p.name: p.read_bytes() for p in zoo_dir.iterdir()} == before

@@ -1,0 +1,138 @@
+"""Put an exported model into the package's zoo (`python -m trainer ship`).
+
+A zoo name (`cifar10`) moves to each newer model; files name their model by sha256, so the model
+that had the name stays in the zoo under another (`--keep-as cifar10-8`) and old files keep
+decoding. Shipping therefore renames the old model's file, card and curve, writes its card a new
+opening paragraph, adds its index entry under the kept name, and points the name at the new file
+with its sha256. The index format is `scoreflow_codec.zoo`'s.
+
+Everything is checked before anything is written (the new file loads as a model and is not
+already shipped, the kept name is free, the old files are there), and index.json is written last,
+in one atomic replace: a refused ship changes nothing.
+"""
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from scoreflow_codec.fileio import atomic_write
+from scoreflow_codec.modelfile import file_sha256, load_model_file
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+@dataclass
+class Shipped:
+    name: str
+    sha256: str
+    kept_as: str | None
+    card_from_old: bool  # the new card is the old one's text: its numbers are the old model's
+
+
+def _files(zoo_dir: Path, name: str) -> dict[str, Path]:
+    return {"model": zoo_dir / f"{name}.safetensors", "card": zoo_dir / f"{name}.md",
+            "curve": zoo_dir / f"{name}_curve.png"}
+
+
+def kept_card(text: str, name: str, keep_as: str, old_version: str, older: list[str]) -> str:
+    """The old model's card under its kept name: a new title and opening paragraph (everything
+    before the first table or section), its curve's new file name; the rest as it was."""
+    lines = text.splitlines(keepends=True)
+    body_from = next((i for i, ln in enumerate(lines) if i > 0 and ln.startswith(("|", "## "))), len(lines))
+    rest = "".join(lines[body_from:]).replace(f"`{name}_curve.png`", f"`{keep_as}_curve.png`")
+    names = ", ".join(f"`{o}` (`{o}.md`)" for o in older)
+    older_s = f"The models it replaced keep decoding their files under the names {names}. " if older else ""
+    para = (f"The `{name}` model of {old_version}, replaced by a newer `{name}` (its card: `{name}.md`); it stays "
+            f"in the zoo under the name `{keep_as}` so that files made with it keep decoding (a file names its "
+            f"model by sha256). In the text below, `{name}` means this model. {older_s}"
+            f"Its training curve is `{keep_as}_curve.png`.")
+    para = textwrap.fill(para, 100, break_on_hyphens=False, break_long_words=False)
+    return f"# Model card: `{keep_as}`\n\n{para}\n\n{rest}"
+
+
+def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None, description: str | None = None,
+         old_description: str | None = None, old_version: str | None = None, card: Path | None = None,
+         curve: Path | None = None, tile: int | None = None, make_default: bool = False) -> Shipped:
+    """Ship `new_file` as `name` in `zoo_dir` (see the module's docstring). Raises ValueError or
+    FileNotFoundError (nothing written) where the ship is refused, ModelError for a bad model file."""
+    from scoreflow_codec import __version__
+
+    new_file, zoo_dir = Path(new_file), Path(zoo_dir)
+    for n in (name, keep_as):
+        if n is not None and not _NAME.fullmatch(n):
+            raise ValueError(f"bad model name {n!r} (lower-case letters, digits, '.', '_', '-')")
+    if not new_file.is_file():
+        raise FileNotFoundError(f"model file not found: {new_file}")
+    lm = load_model_file(new_file)  # raises ModelError for anything that is not a model
+    for extra in (card, curve):
+        if extra is not None and not Path(extra).is_file():
+            raise FileNotFoundError(f"file not found: {extra}")
+    # read now: --card or --curve may be the zoo's own files, which are about to be renamed
+    card_text = Path(card).read_bytes() if card is not None else None
+    curve_png = Path(curve).read_bytes() if curve is not None else None
+    index_path = zoo_dir / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {"models": {}, "default": None}
+    models: dict = index.setdefault("models", {})
+    sha = file_sha256(new_file)
+    for n, e in models.items():
+        if e.get("sha256") == sha:
+            raise ValueError(f"{new_file} is already shipped as {n!r}")
+    old = models.get(name)
+    if old is not None and keep_as is None:
+        raise ValueError(f"{name!r} ships already: give --keep-as NAME, the name its model keeps so that "
+                         "files made with it still decode")
+    if old is None and keep_as is not None:
+        raise ValueError(f"--keep-as: {name!r} is not in the zoo, there is no model to keep")
+    if not description:
+        raise ValueError("give --description: the index's one line on the model (what it was trained on, how long)")
+    src, dst = _files(zoo_dir, name), (_files(zoo_dir, keep_as) if keep_as else {})
+    if keep_as is not None:
+        if keep_as in models or any(p.exists() for p in dst.values()):
+            raise ValueError(f"--keep-as {keep_as!r} is taken in {zoo_dir}")
+        if old.get("file") != src["model"].name or not src["model"].is_file():
+            raise FileNotFoundError(f"{name!r}'s file is not {src['model']}: rename it by hand")
+        if not src["card"].is_file():
+            raise FileNotFoundError(f"{name!r} has no card {src['card']}")
+    zoo_dir.mkdir(parents=True, exist_ok=True)
+
+    card_from_old = False
+    if keep_as is not None:
+        old_version = old_version or __version__
+        old_card = src["card"].read_text()
+        older = [n for n in models if re.fullmatch(re.escape(name) + r"-\d+", n)]
+        for kind in ("model", "card", "curve"):
+            if src[kind].exists():
+                src[kind].rename(dst[kind])
+        atomic_write(dst["card"], kept_card(old_card, name, keep_as, old_version, older).encode())
+        if card is None:
+            card_from_old = True
+            atomic_write(src["card"], old_card.encode())
+    if card_text is not None:
+        atomic_write(src["card"], card_text)
+    if curve_png is not None:
+        atomic_write(src["curve"], curve_png)
+    atomic_write(src["model"], new_file.read_bytes())
+
+    entry = {"file": src["model"].name, "sha256": sha,
+             "description": description,
+             "image_size": int(old["image_size"]) if old else int(lm.config["unet"]["image_size"]),
+             "tile": int(tile or (old or {}).get("tile") or lm.tile)}
+    out = {}
+    for n, e in models.items():
+        if n == name:
+            out[name] = entry
+            out[keep_as] = {**e, "file": dst["model"].name,
+                            "description": old_description or (f"the {name} model of {old_version}, kept so that files "
+                                                               f"made with it still decode; see {keep_as}.md")}
+        else:
+            out[n] = e
+    if name not in out:
+        out[name] = entry
+    index["models"] = out
+    if make_default or not index.get("default"):
+        index["default"] = name
+    atomic_write(index_path, (json.dumps(index, indent=2) + "\n").encode())
+    return Shipped(name, sha, keep_as, card_from_old)
