@@ -10,6 +10,8 @@ arithmetic (photo-1, photo-2, cifar10-1: every file before 0.2) decode only wher
 the same as the encoder's; elsewhere (this project's CI machines among them) the decoder must
 refuse them cleanly, never return other pixels.
 """
+import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,28 +30,45 @@ def _arith(path: Path) -> str:
     return api.read_header(path.read_bytes()).get("setup", {}).get("dtype", "exact64")
 
 
+def _cases() -> dict:
+    """make_sfc_golden's CASES: name -> (zoo model, sizes, sfcodec arguments, [image kind])."""
+    spec = importlib.util.spec_from_file_location("make_sfc_golden", GOLDEN / "make_sfc_golden.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CASES
+
+
+def _release(path: Path) -> tuple[int, ...]:
+    return tuple(int(x) for x in api.read_header(path.read_bytes())["codec"].split("."))
+
+
 def test_golden_files_exist():
-    assert {p.stem for p in FILES} >= {"photo-1", "photo-2", "cifar10-1", "photo-x1", "cifar10-x1", "cifar10-x2",
-                                       "cifar10-x3", "cifar10-x4", "cifar10-x5", "cifar10-x6", "cifar10-x7", "cifar10-x8", "cifar10-x9", "seed-x2", "seed-x3", "seed-x4",
-                                       "seed-h6", "seed-f2", "seed-x5", "seed-f4"}
-    assert {p.stem for p in FILES if _arith(p) == "exact64"} == {"photo-x1", "cifar10-x1", "cifar10-x2", "cifar10-x3", "cifar10-x4",
-                                                                 "cifar10-x5", "cifar10-x6", "cifar10-x7", "cifar10-x8", "cifar10-x9", "seed-x2", "seed-x3", "seed-x4", "seed-h6",
-                                                                 "seed-f2", "seed-x5", "seed-f4"}
+    """Every case of make_sfc_golden.py has its file and every file its case, made as the case says
+    (the arithmetic); every cifar10 model of the zoo has a golden file and every cifar10 golden
+    file's model ships; format versions follow the releases that wrote the files."""
+    cases = _cases()
+    assert {p.stem for p in FILES} == set(cases) and len(FILES) >= 20
+    float32 = {n for n, (_, _, args, *_) in cases.items() if "float32" in args}
+    assert float32 == {"photo-1", "photo-2", "cifar10-1"}  # every file before 0.2
+    assert {p.stem for p in FILES if _arith(p) == "float32"} == float32
     # seed-only files before 0.6.0 name the model and setup they were made with; from 0.6.0 on, neither
     h6 = api.read_header((GOLDEN / "seed-h6.sfc").read_bytes())
     assert h6["codec"] == "0.6.0" and "model" not in h6 and "setup" not in h6
-    # the cifar10 models of the zoo: cifar10-1 (files up to 0.4.0), cifar10-2 (0.5.0), cifar10-3 (0.6.0),
-    # cifar10-4 (0.7.0, float16 weights), cifar10-5 (0.8.0), cifar10-6 (0.9.0), cifar10-7 (0.9.1) and
-    # today's cifar10 (0.9.2, float16 weights)
+    # the cifar10 models of the zoo, each with a file: cifar10-1 (files up to 0.4.0), cifar10-2 (0.5.0),
+    # cifar10-3 (0.6.0), ..., and today's cifar10; `trainer ship` renames, never drops, a model
+    names = [m["name"] for m in zoo.list_models() if re.fullmatch(r"cifar10(-\d+)?", m["name"])]
+    assert len(names) >= 8 and "cifar10" in names
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
-    assert shas == {zoo.load_model(n).sha256 for n in ("cifar10", "cifar10-7", "cifar10-6", "cifar10-5", "cifar10-4", "cifar10-3", "cifar10-2", "cifar10-1")}
-    # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from 0.9.1
-    # (the release in the fixed header); the same image
-    # as seed-h6 (0.6.0), seed-f2's file is 26 bytes smaller, all of it header
+    assert shas == {zoo.load_model(n).sha256 for n in names}
+    # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from
+    # 0.9.1 (the release in the fixed header); the same image as seed-h6 (0.6.0), seed-f2's file is
+    # 26 bytes smaller, all of it header
     versions = {p.stem: container.format_version(p.read_bytes()) for p in FILES}
-    assert {s for s, v in versions.items() if v == 2} == {"seed-f2", "cifar10-x6"} and versions["seed-h6"] == 1
-    assert {s for s, v in versions.items() if v == 3} == {"cifar10-x7", "seed-x5"}  # 0.9.0
-    assert {s for s, v in versions.items() if v == 4} == {"seed-f4", "cifar10-x8", "cifar10-x9"}  # 0.9.1, 0.9.2
+    for p in FILES:
+        r = _release(p)
+        assert versions[p.stem] == (4 if r >= (0, 9, 1) else 3 if r >= (0, 9) else 2 if r >= (0, 8) else 1), p.stem
+    assert versions["seed-f2"] == versions["cifar10-x6"] == 2 and versions["seed-h6"] == 1
+    assert versions["cifar10-x7"] == versions["seed-x5"] == 3 and versions["seed-f4"] == 4
     assert set(versions.values()) == {1, 2, 3, 4}
     # format version 4 holds the release in the fixed header: seed-f2's image written by 0.9.1 is
     # the same 1,219 bytes as 0.8.0's file (a 27-byte header; in version 3 the new release would
