@@ -7,11 +7,16 @@ always loaded back as float32. Metadata (all strings):
     config = JSON {"sde": SDEConfig, "unet": UNetConfig, "precond": PrecondConfig,
                    "dequant": DequantConfig, "preset": str | null, "info": {...}}.
 The sha256 of the file's bytes identifies the model (the .sfc header records it). No pickle.
+
+A model file may also be stored xz-compressed (`NAME.safetensors.xz`, as the zoo keeps the models
+that files still need but no name points at first): it is read as the .safetensors it holds, and
+its sha256 is that file's, so a compressed and a plain copy are the same model.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,12 +98,26 @@ def _canonical(data: bytes) -> bytes:
     return len(header).to_bytes(8, "little") + header + data[8 + n:]
 
 
+XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def read_model_bytes(path: str | os.PathLike) -> bytes:
+    """The .safetensors bytes of a model file, decompressed where it is stored xz-compressed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"model file not found: {p}")
+    data = p.read_bytes()
+    if data.startswith(XZ_MAGIC):
+        try:
+            data = lzma.decompress(data, format=lzma.FORMAT_XZ)
+        except lzma.LZMAError as e:
+            raise ModelError(f"{p}: corrupt xz-compressed model file ({e})") from None
+    return data
+
+
 def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The model's sha256: of the file's bytes, or of the .safetensors an .xz file holds."""
+    return hashlib.sha256(read_model_bytes(path)).hexdigest()
 
 
 def _header(data: bytes, where: str) -> dict:
@@ -120,9 +139,12 @@ def _header(data: bytes, where: str) -> dict:
 def load_model_file(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
     """Read, check and build a model file (eval mode, float32). Raises errors.ModelError."""
     p = Path(path)
-    if not p.is_file():
-        raise ModelError(f"model file not found: {p}")
-    data = p.read_bytes()
+    return load_model_bytes(read_model_bytes(p), p, device)
+
+
+def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """Check and build a model from the .safetensors bytes `data` read from `p` (named in errors;
+    its stem is the model's name where the file records none)."""
     meta = _header(data, str(p)).get("__metadata__") or {}
     if meta.get("format") != FORMAT:
         raise ModelError(f"{p}: not a scoreflow-codec model (format {meta.get('format')!r})")
@@ -163,5 +185,5 @@ def load_model_file(path: str | os.PathLike, device: str | torch.device = "cpu")
 
     model.to(device).eval()
     dequantizer.to(device).eval()
-    name = str(config.get("info", {}).get("name") or p.stem)
+    name = str(config.get("info", {}).get("name") or Path(p.name.removesuffix(".xz")).stem)
     return LoadedModel(name, hashlib.sha256(data).hexdigest(), config, model, dequantizer, model.sde)

@@ -1,6 +1,8 @@
 """Shipped models by name: `zoo/index.json` maps names to packaged model files with their sha256.
 
 index.json = {"models": {name: {"file", "sha256", "description", "image_size", "tile"?}}, "default": name | null};
+"file" is NAME.safetensors, or NAME.safetensors.xz (xz-compressed; "sha256" is of the file it holds)
+for the models kept so that old files decode;
 "tile" (optional, default 32) is the tile size the codec uses with that model unless told otherwise.
 """
 from __future__ import annotations
@@ -46,7 +48,9 @@ def default_model() -> str | None:
 def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu") -> LoadedModel:
     """An existing path -> that file; a name in the index -> the packaged file, sha256 checked;
     None -> the index's default. Anything else raises ModelError listing the shipped names."""
-    from .modelfile import file_sha256, load_model_file
+    import hashlib
+
+    from .modelfile import load_model_bytes, load_model_file, read_model_bytes
 
     index = _index()
     if name_or_path is None:
@@ -63,10 +67,11 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
     path = ZOO_DIR / entry["file"]
     if not path.is_file():
         raise ModelError(f"shipped model {name!r} is missing its file {path}")
-    sha = file_sha256(path)
+    data = read_model_bytes(path)  # NAME.safetensors, or NAME.safetensors.xz for a kept model
+    sha = hashlib.sha256(data).hexdigest()
     if sha != entry["sha256"]:
         raise ModelError(f"shipped model {name!r} is corrupt: sha256 {sha[:12]}... differs from the index")
-    loaded = load_model_file(path, device)
+    loaded = load_model_bytes(data, path, device)
     loaded.name = name
     loaded.tile = int(entry.get("tile", loaded.tile))
     return loaded

@@ -1,5 +1,6 @@
 import hashlib
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,11 @@ def _bad_files(tmp_path):
     (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
     (tmp_path / "plain.safetensors").write_bytes(st_save({"w": torch.zeros(2)}))
     (tmp_path / "pickle.pt").write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
+    (tmp_path / "trunc.safetensors.xz").write_bytes(lzma.compress(data)[:-100])
+    (tmp_path / "junk.safetensors.xz").write_bytes(lzma.compress(b"junk"))
     return {
+        "xz_truncated": (tmp_path / "trunc.safetensors.xz", "corrupt xz-compressed model file"),
+        "xz_not_a_model": (tmp_path / "junk.safetensors.xz", "not a safetensors"),
         "missing": (tmp_path / "nope.safetensors", "not found"),
         "random": (tmp_path / "random.bin", "not a safetensors"),
         "empty": (tmp_path / "empty.bin", "not a safetensors"),
@@ -139,6 +144,17 @@ def _bad_files(tmp_path):
         "shape": (_rewrite(good, tmp_path / "s.st",
                            tensors=lambda t: {**t, "model.net.conv_in.bias": torch.zeros(5)}), "shape"),
     }
+
+
+def test_xz_compressed_file_is_the_same_model(tmp_path):
+    """An .xz copy loads as the model it holds: the same sha256 (the .sfc header's), name, weights."""
+    good = _good(tmp_path)
+    xz = tmp_path / "good.safetensors.xz"
+    xz.write_bytes(lzma.compress(good.read_bytes()))
+    a, b = load_model_file(good), load_model_file(xz)
+    assert a.sha256 == b.sha256 == modelfile.file_sha256(xz) == hashlib.sha256(good.read_bytes()).hexdigest()
+    assert a.name == b.name == "good" and len(xz.read_bytes()) < len(good.read_bytes())
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
 
 
 def test_bad_files_raise_model_error(tmp_path):
@@ -163,7 +179,10 @@ def test_shipped_zoo_is_consistent():
     assert index["default"] in index["models"]
     for name, entry in index["models"].items():
         path = zoo.ZOO_DIR / entry["file"]
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"], name
+        data = path.read_bytes()
+        if path.suffix == ".xz":  # a kept model, stored compressed: its sha256 is the .safetensors'
+            data = lzma.decompress(data)
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], name
         assert path.stat().st_size < 15 * 2**20, name
         lm = zoo.load_model(name)
         assert lm.name == name and lm.sha256 == entry["sha256"]
@@ -177,23 +196,31 @@ def test_zoo(tmp_path, monkeypatch):
     zdir.mkdir()
     (zdir / "toy.safetensors").write_bytes(good.read_bytes())
     (zdir / "bad.safetensors").write_bytes(good.read_bytes())
+    (zdir / "kept.safetensors.xz").write_bytes(lzma.compress(good.read_bytes()))
+    (zdir / "badxz.safetensors.xz").write_bytes(lzma.compress(good.read_bytes())[:-40])
     sha = hashlib.sha256(good.read_bytes()).hexdigest()
     entry = dict(sha256=sha, description="a toy", image_size=32)
     (zdir / "index.json").write_text(json.dumps({"models": {
         "toy": {"file": "toy.safetensors", **entry},
         "toy64": {"file": "toy.safetensors", **entry, "tile": 64},
         "bad": {"file": "bad.safetensors", **{**entry, "sha256": "0" * 64}},
-        "gone": {"file": "gone.safetensors", **entry}}, "default": "toy"}))
+        "gone": {"file": "gone.safetensors", **entry},
+        "kept": {"file": "kept.safetensors.xz", **entry},
+        "badxz": {"file": "badxz.safetensors.xz", **entry}}, "default": "toy"}))
     monkeypatch.setattr(zoo, "ZOO_DIR", zdir)
 
-    assert [m["name"] for m in zoo.list_models()] == ["toy", "toy64", "bad", "gone"]
+    assert [m["name"] for m in zoo.list_models()] == ["toy", "toy64", "bad", "gone", "kept", "badxz"]
     assert zoo.list_models()[0]["default"] and zoo.default_model() == "toy"
     lm = zoo.load_model("toy")
     assert lm.name == "toy" and lm.sha256 == sha
     assert lm.tile == 32 and zoo.load_model("toy64").tile == 64 and zoo.load_model(str(good)).tile == 32
     assert zoo.load_model(None).name == "toy"
     assert zoo.load_model(str(good)).sha256 == sha  # a path wins
-    for name, words in [("bad", "corrupt"), ("gone", "missing"), ("nothing", "shipped: toy, toy64, bad, gone")]:
+    kept = zoo.load_model("kept")  # xz-compressed in the zoo: the same model, the same sha256
+    assert kept.name == "kept" and kept.sha256 == sha and zoo.shipped_name(sha) == "toy"
+    assert all(torch.equal(a, b) for a, b in zip(kept.model.state_dict().values(), lm.model.state_dict().values()))
+    for name, words in [("bad", "corrupt"), ("gone", "missing"), ("badxz", "corrupt xz-compressed"),
+                        ("nothing", "shipped: toy, toy64, bad, gone, kept, badxz")]:
         with pytest.raises(ModelError, match=words):
             zoo.load_model(name)
 

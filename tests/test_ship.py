@@ -2,6 +2,7 @@
 and the zoo reader (scoreflow_codec.zoo) finds both, the old one by the sha256 its files carry."""
 import hashlib
 import json
+import lzma
 
 import pytest
 import torch
@@ -63,7 +64,8 @@ def zoo_dir(tmp_path, monkeypatch):
 
 
 def test_ship_renames_the_old_model_and_both_load(zoo_dir, tmp_path):
-    old_sha = _sha(zoo_dir / "toy.safetensors")
+    old_bytes = (zoo_dir / "toy.safetensors").read_bytes()
+    old_sha = hashlib.sha256(old_bytes).hexdigest()
     new = _model(tmp_path / "new.safetensors", 2)
     card = tmp_path / "card.md"
     card.write_text("# Model card: `toy`\n\nthe new one\n")
@@ -77,7 +79,9 @@ def test_ship_renames_the_old_model_and_both_load(zoo_dir, tmp_path):
     assert index["models"]["toy"] == {"file": "toy.safetensors", "sha256": _sha(new), "description": "the new toy",
                                       "image_size": 32, "tile": 48}
     kept = index["models"]["toy-2"]
-    assert kept["file"] == "toy-2.safetensors" and kept["sha256"] == old_sha and kept["tile"] == 48
+    assert kept["file"] == "toy-2.safetensors.xz" and kept["sha256"] == old_sha and kept["tile"] == 48
+    assert not (zoo_dir / "toy-2.safetensors").exists()
+    assert lzma.decompress((zoo_dir / "toy-2.safetensors.xz").read_bytes()) == old_bytes
     assert "0.1.0" in kept["description"] and "toy-2.md" in kept["description"]
 
     # the files moved with the name, and the zoo reader checks both against their sha256
