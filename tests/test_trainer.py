@@ -96,6 +96,22 @@ def test_folder_data_random_crops_and_scales(tmp_path):
     assert len(a0) + len(a1) == 3
 
 
+def _torchrun(cmd: list[str], timeout: float, log: Path) -> subprocess.CompletedProcess:
+    """Run a torchrun command, its output to `log`; on a timeout (a hung collective) stop it with
+    SIGTERM, which torchrun passes on to its workers (they run in sessions of their own), so that
+    none outlives the test, and fail."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            p.wait(timeout=60)
+            pytest.fail(f"torchrun did not finish in {timeout} s (a rank waiting for ever?)")
+    return subprocess.CompletedProcess(cmd, p.returncode, "", log.read_text())
+
+
 def test_ddp_two_processes_cpu(cifar_small, tmp_path):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
@@ -103,11 +119,27 @@ def test_ddp_two_processes_cpu(cifar_small, tmp_path):
            "--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
            "--steps", "3", "--batch", "8", "--eval-every", "0", "--eval-images", "4", "--eval-n-t", "1",
            "--out", str(out), "--no-progress", "--threads", "1", "--device", "cpu"]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = _torchrun(cmd, timeout=300, log=tmp_path / "torchrun.log")
     assert r.returncode == 0, r.stderr[-2000:]
     _, state = ckpt.load_checkpoint(out / "checkpoint")
     assert state["step"] == 3 and state["images"] == 3 * 8
+
+
+def test_ddp_time_limit_stops_every_rank_on_the_same_step(cifar_small, tmp_path):
+    """--max-minutes with two processes: rank 0 evaluates every step (the other does not), so it
+    reaches the limit at another moment than rank 1; the ranks must agree on the step to stop at,
+    or one waits for ever in the all-reduce (the run of 2026-11-26 hung so at step 22,000)."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534",
+           "-m", "trainer", "train", "--preset", "tiny", "--dequant", "uniform",
+           "--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
+           "--steps", "100000", "--batch", "8", "--eval-every", "1", "--eval-images", "16", "--eval-n-t", "2",
+           "--save-every", "0", "--max-minutes", "0.15", "--out", str(out), "--no-progress", "--threads", "1",
+           "--device", "cpu"]
+    r = _torchrun(cmd, timeout=240, log=tmp_path / "torchrun.log")
+    assert r.returncode == 0, r.stderr[-2000:]
+    _, state = ckpt.load_checkpoint(out / "checkpoint")
+    assert 2 <= state["step"] < 100000 and state["images"] == state["step"] * 8
 
 
 def test_eval_crops_spread_over_few_images():

@@ -207,7 +207,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
 
     try:
         while step < cfg.steps:
-            if cfg.max_minutes and (time.perf_counter() - t_start) > 60 * cfg.max_minutes:
+            if cfg.max_minutes and _time_is_up(time.perf_counter() - t_start > 60 * cfg.max_minutes, world, dev):
                 break
             x = sampler.sample(local_batch).to(dev, non_blocking=True)
             for g in opt.param_groups:
@@ -259,6 +259,17 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     if world > 1:
         dist.barrier()
     return last
+
+
+def _time_is_up(mine: bool, world: int, dev) -> bool:
+    """--max-minutes, agreed by all ranks: rank 0 falls behind the others while it evaluates and
+    saves, so a rank alone would stop a step before or after them and leave them waiting in the
+    gradient all-reduce (or the final barrier) for ever. Any rank over the limit stops all."""
+    if world == 1:
+        return mine
+    flag = torch.tensor([int(mine)], device=dev)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed) -> dict:
