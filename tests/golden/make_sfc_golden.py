@@ -63,6 +63,8 @@ CASES = {
     "cifar10-x8": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.2: the cifar10 model of 0.9.2 (0.9.1's is cifar10-7 in the zoo now), format version 4
     "cifar10-x9": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.9.3: the cifar10 model of 0.9.3 (0.9.2's is cifar10-8 in the zoo now), format version 4
+    "cifar10-x10": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
