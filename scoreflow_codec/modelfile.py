@@ -115,11 +115,6 @@ def read_model_bytes(path: str | os.PathLike) -> bytes:
     return data
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The model's sha256: of the file's bytes, or of the .safetensors an .xz file holds."""
-    return hashlib.sha256(read_model_bytes(path)).hexdigest()
-
-
 def _header(data: bytes, where: str) -> dict:
     """The safetensors JSON header (8-byte little-endian length, then JSON)."""
     if len(data) < 8:

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 
 
-def _index() -> dict:
-    path = ZOO_DIR / "index.json"
+def read_index(zoo_dir: Path | None = None) -> dict:
+    """The index of `zoo_dir` (default: the package's zoo), {"models": {}, "default": None} where
+    there is none. Raises ModelError where it is unreadable."""
+    path = (zoo_dir or ZOO_DIR) / "index.json"
     try:
         index = json.loads(path.read_text())
     except FileNotFoundError:
@@ -37,12 +39,12 @@ def _index() -> dict:
 
 def list_models() -> list[dict]:
     """[{name, file, sha256, description, image_size, default}] in index order."""
-    index = _index()
+    index = read_index()
     return [{"name": n, **e, "default": n == index["default"]} for n, e in index["models"].items()]
 
 
 def default_model() -> str | None:
-    return _index()["default"]
+    return read_index()["default"]
 
 
 def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu") -> LoadedModel:
@@ -52,7 +54,7 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
 
     from .modelfile import load_model_bytes, load_model_file, read_model_bytes
 
-    index = _index()
+    index = read_index()
     if name_or_path is None:
         name_or_path = index["default"]
         if name_or_path is None:
@@ -80,7 +82,7 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
 def auto_model_name(sizes: list[tuple[int, int]]) -> str:
     """`--model auto`: images up to 64x64 take the CIFAR-10 model, larger ones the photo model
     (when one ships; else the default)."""
-    index = _index()
+    index = read_index()
     names = index["models"]
     small = all(w <= 64 and h <= 64 for w, h in sizes) if sizes else True
     for cand in (["cifar10"] if small else ["photo", "cifar10"]):
@@ -94,7 +96,7 @@ def auto_model_name(sizes: list[tuple[int, int]]) -> str:
 def shipped_name(sha256: str | None) -> str | None:
     """The zoo name of the shipped model with this sha256, or None. Names move (a newer model takes
     `photo`), the sha256 in a file's header does not."""
-    for name, entry in _index()["models"].items():
+    for name, entry in read_index()["models"].items():
         if entry.get("sha256") == sha256:
             return name
     return None

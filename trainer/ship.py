@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scoreflow_codec.fileio import atomic_write
-from scoreflow_codec.modelfile import file_sha256, load_model_file
+from scoreflow_codec.modelfile import load_model_bytes, read_model_bytes
+from scoreflow_codec.zoo import read_index
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
@@ -69,17 +70,17 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
             raise ValueError(f"bad model name {n!r} (lower-case letters, digits, '.', '_', '-')")
     if not new_file.is_file():
         raise FileNotFoundError(f"model file not found: {new_file}")
-    lm = load_model_file(new_file)  # raises ModelError for anything that is not a model
+    new_bytes = read_model_bytes(new_file)  # the .safetensors, also where new_file is an .xz copy
+    lm = load_model_bytes(new_bytes, new_file)  # raises ModelError for anything that is not a model
+    sha = lm.sha256
     for extra in (card, curve):
         if extra is not None and not Path(extra).is_file():
             raise FileNotFoundError(f"file not found: {extra}")
-    # read now: --card or --curve may be the zoo's own files, which are about to be renamed
+    # read now: --curve may be the zoo's own curve, which is about to be renamed
     card_text = Path(card).read_bytes() if card is not None else None
     curve_png = Path(curve).read_bytes() if curve is not None else None
-    index_path = zoo_dir / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else {"models": {}, "default": None}
-    models: dict = index.setdefault("models", {})
-    sha = file_sha256(new_file)
+    index = read_index(zoo_dir)
+    models: dict = index["models"]
     for n, e in models.items():
         if e.get("sha256") == sha:
             raise ValueError(f"{new_file} is already shipped as {n!r}")
@@ -101,24 +102,20 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
             raise FileNotFoundError(f"{name!r} has no card {src['card']}")
     zoo_dir.mkdir(parents=True, exist_ok=True)
 
-    card_from_old = False
     if keep_as is not None:
         old_version = old_version or __version__
-        old_card = src["card"].read_text()
         older = [n for n in models if re.fullmatch(re.escape(name) + r"-\d+", n)]
         atomic_write(dst["model"], lzma.compress(src["model"].read_bytes(), format=lzma.FORMAT_XZ, preset=9))
-        for kind in ("card", "curve"):
-            if src[kind].exists():
-                src[kind].rename(dst[kind])
-        atomic_write(dst["card"], kept_card(old_card, name, keep_as, old_version, older).encode())
-        if card is None:
-            card_from_old = True
-            atomic_write(src["card"], old_card.encode())
+        if src["curve"].exists():
+            src["curve"].rename(dst["curve"])
+        # the name's card keeps the old text until --card replaces it
+        atomic_write(dst["card"], kept_card(src["card"].read_text(), name, keep_as, old_version, older).encode())
+    card_from_old = keep_as is not None and card is None
     if card_text is not None:
         atomic_write(src["card"], card_text)
     if curve_png is not None:
         atomic_write(src["curve"], curve_png)
-    atomic_write(src["model"], new_file.read_bytes())
+    atomic_write(src["model"], new_bytes)
 
     entry = {"file": src["model"].name, "sha256": sha,
              "description": description,
@@ -138,5 +135,5 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
     index["models"] = out
     if make_default or not index.get("default"):
         index["default"] = name
-    atomic_write(index_path, (json.dumps(index, indent=2) + "\n").encode())
+    atomic_write(zoo_dir / "index.json", (json.dumps(index, indent=2) + "\n").encode())
     return Shipped(name, sha, keep_as, card_from_old)
