@@ -396,15 +396,18 @@ def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, probes, seed
                                tile=tile, probes=probes)
     for r, nm in zip(rows, names):
         r["image"] = nm
-    summary = api.summarize(rows)
+    summary, se = api.summarize(rows), api.standard_errors(rows)
     if as_json:
-        click.echo(json.dumps({"model": m.name, "sha256": m.sha256, "rows": rows, "mean": summary}, indent=2))
+        click.echo(json.dumps({"model": m.name, "sha256": m.sha256, "rows": rows, "mean": summary, "se": se},
+                              indent=2))
         return
     cols = [k for k in ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd") if k in summary]
     click.echo("image".ljust(24) + "".join(c.rjust(18) for c in cols))
     for r in rows:
         click.echo(str(r["image"])[:24].ljust(24) + "".join(f"{r[c]:18.4f}" for c in cols))
     click.echo("mean".ljust(24) + "".join(f"{summary[c]:18.4f}" for c in cols))
+    if len(rows) > 1:  # the spread over images: what another sample of as many could give
+        click.echo("standard error".ljust(24) + "".join(f"{se[c]:18.4f}" for c in cols))
 
 
 @cli.command()

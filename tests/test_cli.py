@@ -446,9 +446,20 @@ def test_eval(model_a, tmp_path):
     for row in out["rows"]:
         assert 0 < row["bound_bpd"] < 64 and 0 < row["ode_nll_bpd"] < 64  # an untrained model: about 17
     assert out["mean"]["ode_nll_bpd"] == pytest.approx(np.mean([row["ode_nll_bpd"] for row in out["rows"]]))
+    for k in ("bound_bpd", "ode_nll_bpd"):  # two images: |a - b| / 2 is their std / sqrt(2)
+        a, b = (row[k] for row in out["rows"])
+        assert out["se"][k] == pytest.approx(abs(a - b) / 2, abs=1e-12)
+    assert out["se"]["bound_bpd"] > 0.1  # (the untrained model's ODE NLL does not depend on the image)
     assert json.loads(sfcodec(*args, "--json").stdout) == out  # same seed, same numbers
     table = sfcodec(*args, "--no-ode").stdout.splitlines()
-    assert table[0].split() == ["image", "bound_bpd", "bound_bpd_nocorr"] and table[-1].startswith("mean")
+    assert table[0].split() == ["image", "bound_bpd", "bound_bpd_nocorr"] and table[-2].startswith("mean")
+    se = table[-1].split()
+    no_ode = json.loads(sfcodec(*args, "--no-ode", "--json").stdout)  # (its bound draws other noise)
+    assert se[:2] == ["standard", "error"] and float(se[2]) == pytest.approx(no_ode["se"]["bound_bpd"], abs=1e-4)
+    one = sfcodec(*args[:1], npz, "--limit", "1", *args[2:], "--no-ode", "--json")
+    assert_ok(one)
+    assert json.loads(one.stdout)["se"] == {"bound_bpd": None, "bound_bpd_nocorr": None}
+    assert sfcodec(*args[:1], npz, "--limit", "1", *args[2:], "--no-ode").stdout.splitlines()[-1].startswith("mean")
     bad = sfcodec(*args[:-1], "0")
     assert bad.exit_code == EXIT["usage"] and "--probes" in bad.stderr
 
