@@ -798,16 +798,17 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
 _EVAL_KEYS = ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd")
 
 
+def _measures(rows: list[dict]) -> dict[str, np.ndarray]:
+    """Each of evaluate_images' measures the rows have, over the rows, in _EVAL_KEYS order."""
+    return {k: np.array([r[k] for r in rows]) for k in _EVAL_KEYS if rows and k in rows[0]}
+
+
 def summarize(rows: list[dict]) -> dict:
     """The mean of each of evaluate_images' measures over the rows."""
-    keys = [k for k in _EVAL_KEYS if rows and k in rows[0]]
-    return {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    return {k: float(v.mean()) for k, v in _measures(rows).items()}
 
 
 def standard_errors(rows: list[dict]) -> dict:
     """The standard error of each mean in `summarize` over the images (sample std / sqrt(n)):
     how far another draw of as many images could move it. None with fewer than two rows."""
-    keys = [k for k in _EVAL_KEYS if rows and k in rows[0]]
-    if len(rows) < 2:
-        return {k: None for k in keys}
-    return {k: float(np.std([r[k] for r in rows], ddof=1) / np.sqrt(len(rows))) for k in keys}
+    return {k: float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None for k, v in _measures(rows).items()}

@@ -456,10 +456,11 @@ def test_eval(model_a, tmp_path):
     se = table[-1].split()
     no_ode = json.loads(sfcodec(*args, "--no-ode", "--json").stdout)  # (its bound draws other noise)
     assert se[:2] == ["standard", "error"] and float(se[2]) == pytest.approx(no_ode["se"]["bound_bpd"], abs=1e-4)
-    one = sfcodec(*args[:1], npz, "--limit", "1", *args[2:], "--no-ode", "--json")
-    assert_ok(one)
-    assert json.loads(one.stdout)["se"] == {"bound_bpd": None, "bound_bpd_nocorr": None}
-    assert sfcodec(*args[:1], npz, "--limit", "1", *args[2:], "--no-ode").stdout.splitlines()[-1].startswith("mean")
+    one = [*args, "--limit", "1", "--no-ode"]
+    r = sfcodec(*one, "--json")
+    assert_ok(r)
+    assert json.loads(r.stdout)["se"] == {"bound_bpd": None, "bound_bpd_nocorr": None}
+    assert sfcodec(*one).stdout.splitlines()[-1].startswith("mean")
     bad = sfcodec(*args[:-1], "0")
     assert bad.exit_code == EXIT["usage"] and "--probes" in bad.stderr
 
