@@ -80,14 +80,17 @@ def default_micro_batch(tile: int) -> int:
 # of them, and importing torch takes seconds.
 
 
-def default_settings(mode: str) -> dict:
+def default_settings(mode: str, model=None) -> dict:
+    """The mode's settings compress uses unless told otherwise; with a model, its own default chain
+    steps (LoadedModel.chain_steps, from its zoo entry) where it has them."""
     from .coding.chain_codec import ChainSettings
     from .coding.ode_codec import ODESettings
 
     if mode == "ode":
         return ODESettings().to_dict()
     if mode == "chain":
-        return ChainSettings().to_dict()
+        steps = getattr(model, "chain_steps", None)
+        return ChainSettings(**({"steps": int(steps)} if steps else {})).to_dict()
     raise SfcError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
 
 
@@ -248,7 +251,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
-    settings = {**default_settings(mode), **(settings or {})}
+    settings = {**default_settings(mode, model), **(settings or {})}
     ss = stream_settings or default_stream_settings(model)
     sources = choose_palette_coding(sources, ss.seed)
     micro_batch = micro_batch or default_micro_batch(ss.tile)
@@ -674,7 +677,7 @@ def work_units(header: dict) -> int:
 def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, settings: dict | None = None,
                         stream_settings: stream.StreamSettings | None = None) -> int:
     """Progress ticks (solver steps x tiles) of compressing these images."""
-    settings = {**default_settings(mode), **(settings or {})}
+    settings = {**default_settings(mode, model), **(settings or {})}
     ss = stream_settings or default_stream_settings(model)
     shapes = [s.color.shape if s.color is not None else (0, 0, 0) for s in sources]
     return steps_per_batch(mode, settings["steps"]) * len(stream.T.plan_tiles(shapes, ss.tile))

@@ -45,6 +45,7 @@ class LoadedModel:
     dequantizer: Dequantizer
     sde: SDE
     tile: int = 32  # the tile size the codec uses with it by default (a zoo entry may set another)
+    chain_steps: int | None = None  # the chain mode's steps by default (None: ChainSettings'; a zoo entry may set them)
 
 
 def model_config(model: ScoreModel, dequantizer: Dequantizer, preset: str | None = None,

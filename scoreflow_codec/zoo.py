@@ -1,9 +1,12 @@
 """Shipped models by name: `zoo/index.json` maps names to packaged model files with their sha256.
 
-index.json = {"models": {name: {"file", "sha256", "description", "image_size", "tile"?}}, "default": name | null};
+index.json = {"models": {name: {"file", "sha256", "description", "image_size", "tile"?, "chain_steps"?}},
+"default": name | null};
 "file" is NAME.safetensors, or NAME.safetensors.xz (xz-compressed; "sha256" is of the file it holds)
 for the models kept so that old files decode;
-"tile" (optional, default 32) is the tile size the codec uses with that model unless told otherwise.
+"tile" (optional, default 32) is the tile size the codec uses with that model unless told otherwise;
+"chain_steps" (optional, default ChainSettings' 128) the chain mode's steps with it unless told otherwise
+(a file's header records the steps it was coded with, so changing them never changes an old file).
 """
 from __future__ import annotations
 
@@ -76,6 +79,8 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
     loaded = load_model_bytes(data, path, device)
     loaded.name = name
     loaded.tile = int(entry.get("tile", loaded.tile))
+    if entry.get("chain_steps") is not None:
+        loaded.chain_steps = int(entry["chain_steps"])
     return loaded
 
 

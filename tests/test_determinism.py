@@ -128,6 +128,22 @@ def test_header_settings_are_relative_to_the_frozen_format_defaults(model, sourc
     api.check_identical([source], api.decompress(default, model))
 
 
+def test_a_model_may_bring_its_own_default_chain_steps(model, source):
+    """A zoo entry's "chain_steps" (LoadedModel.chain_steps; the shipped cifar10's is 256) is the
+    chain mode's default with that model: the header records it, so the file decodes with a model
+    that has no such default; --steps still wins, and ODE mode keeps its own default."""
+    own = copy.copy(model)
+    own.chain_steps = 24
+    assert api.default_settings("chain", own)["steps"] == 24 and api.default_settings("chain", model)["steps"] == 128
+    assert api.default_settings("ode", own)["steps"] == api.default_settings("ode")["steps"] == 128
+    data, _ = api.compress([source], own, "chain", stream_settings=STREAM, arith="float32")
+    assert api.read_header(data)["settings"]["steps"] == 24
+    assert api.compress_work_units([source], own, "chain") == 23 * 2
+    api.check_identical([source], api.decompress(data, model))
+    told, _ = api.compress([source], own, "chain", SETTINGS, stream_settings=STREAM, arith="float32")
+    assert api.read_header(told)["settings"]["steps"] == SETTINGS["steps"]
+
+
 def test_growth_batching_files_still_decode(encoded, model, source):
     """Files from before "bits" batching name no batching in their header: the format default is
     the fixed growth schedule, and they decode as such. New files name "bits"."""

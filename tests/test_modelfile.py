@@ -202,7 +202,7 @@ def test_zoo(tmp_path, monkeypatch):
     entry = dict(sha256=sha, description="a toy", image_size=32)
     (zdir / "index.json").write_text(json.dumps({"models": {
         "toy": {"file": "toy.safetensors", **entry},
-        "toy64": {"file": "toy.safetensors", **entry, "tile": 64},
+        "toy64": {"file": "toy.safetensors", **entry, "tile": 64, "chain_steps": 256},
         "bad": {"file": "bad.safetensors", **{**entry, "sha256": "0" * 64}},
         "gone": {"file": "gone.safetensors", **entry},
         "kept": {"file": "kept.safetensors.xz", **entry},
@@ -214,6 +214,7 @@ def test_zoo(tmp_path, monkeypatch):
     lm = zoo.load_model("toy")
     assert lm.name == "toy" and lm.sha256 == sha
     assert lm.tile == 32 and zoo.load_model("toy64").tile == 64 and zoo.load_model(str(good)).tile == 32
+    assert lm.chain_steps is None and zoo.load_model("toy64").chain_steps == 256
     assert zoo.load_model(None).name == "toy"
     assert zoo.load_model(str(good)).sha256 == sha  # a path wins
     kept = zoo.load_model("kept")  # xz-compressed in the zoo: the same model, the same sha256

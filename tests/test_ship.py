@@ -56,7 +56,8 @@ def zoo_dir(tmp_path, monkeypatch):
     (z / "toy-1.md").write_text("# Model card: `toy-1`\n")
     (z / "toy_curve.png").write_bytes(b"curve-of-toy")
     (z / "index.json").write_text(json.dumps({"default": "toy", "models": {
-        "toy": {"file": "toy.safetensors", "sha256": _sha(m1), "description": "the toy", "image_size": 32, "tile": 48},
+        "toy": {"file": "toy.safetensors", "sha256": _sha(m1), "description": "the toy", "image_size": 32, "tile": 48,
+                "chain_steps": 200},
         "toy-1": {"file": "toy-1.safetensors", "sha256": _sha(m0), "description": "older", "image_size": 32},
         "other": {"file": "toy-1.safetensors", "sha256": "0" * 64, "description": "x", "image_size": 32}}}))
     monkeypatch.setattr(zoo, "ZOO_DIR", z)
@@ -77,9 +78,10 @@ def test_ship_renames_the_old_model_and_both_load(zoo_dir, tmp_path):
     index = json.loads((zoo_dir / "index.json").read_text())
     assert list(index["models"]) == ["toy", "toy-2", "toy-1", "other"] and index["default"] == "toy"
     assert index["models"]["toy"] == {"file": "toy.safetensors", "sha256": _sha(new), "description": "the new toy",
-                                      "image_size": 32, "tile": 48}
+                                      "image_size": 32, "tile": 48, "chain_steps": 200}  # both from the old entry
     kept = index["models"]["toy-2"]
     assert kept["file"] == "toy-2.safetensors.xz" and kept["sha256"] == old_sha and kept["tile"] == 48
+    assert kept["chain_steps"] == 200
     assert not (zoo_dir / "toy-2.safetensors").exists()
     assert lzma.decompress((zoo_dir / "toy-2.safetensors.xz").read_bytes()) == old_bytes
     assert "0.1.0" in kept["description"] and "toy-2.md" in kept["description"]
@@ -109,11 +111,12 @@ def test_ship_without_a_card_keeps_the_old_text_and_says_so(zoo_dir, tmp_path):
 def test_ship_a_new_name_into_an_empty_zoo(tmp_path):
     z = tmp_path / "empty"
     new = _model(tmp_path / "m.safetensors", 3)
-    r = _ship(new, "--as", "photo2", "--description", "photos", "--tile", "64", "--zoo", z)
+    r = _ship(new, "--as", "photo2", "--description", "photos", "--tile", "64", "--chain-steps", "96", "--zoo", z)
     assert r.exit_code == 0, r.output
     index = json.loads((z / "index.json").read_text())
     assert index == {"models": {"photo2": {"file": "photo2.safetensors", "sha256": _sha(new), "description": "photos",
-                                           "image_size": 32, "tile": 64}}, "default": "photo2"}
+                                           "image_size": 32, "tile": 64, "chain_steps": 96}}, "default": "photo2"}
+    assert zoo.load_model(str(z / "photo2.safetensors")).chain_steps is None  # a path has no zoo entry
 
 
 @pytest.mark.parametrize("case, words", [

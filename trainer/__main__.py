@@ -135,6 +135,8 @@ def export(run, output, fp16, name, calib_images):
               help="The new model's card (default: the old card's text, to be updated).")
 @click.option("--curve", default=None, type=click.Path(path_type=Path), help="Its training curve (trainer plot).")
 @click.option("--tile", type=click.IntRange(8, 256), default=None, help="Its default tile (default: the old entry's).")
+@click.option("--chain-steps", type=click.IntRange(2, 4096), default=None,
+              help="Its default chain-mode steps (default: the old entry's, else the codec's 128).")
 @click.option("--default", "make_default", is_flag=True, help="Make it the zoo's default model.")
 @click.option("--zoo", "zoo_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="The zoo folder (default: the package's, scoreflow_codec/zoo).")

@@ -59,7 +59,8 @@ def kept_card(text: str, name: str, keep_as: str, old_version: str, older: list[
 
 def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None, description: str | None = None,
          old_description: str | None = None, old_version: str | None = None, card: Path | None = None,
-         curve: Path | None = None, tile: int | None = None, make_default: bool = False) -> Shipped:
+         curve: Path | None = None, tile: int | None = None, chain_steps: int | None = None,
+         make_default: bool = False) -> Shipped:
     """Ship `new_file` as `name` in `zoo_dir` (see the module's docstring). Raises ValueError or
     FileNotFoundError (nothing written) where the ship is refused, ModelError for a bad model file."""
     from scoreflow_codec import __version__
@@ -121,6 +122,9 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
              "description": description,
              "image_size": int(old["image_size"]) if old else int(lm.config["unet"]["image_size"]),
              "tile": int(tile or (old or {}).get("tile") or lm.tile)}
+    chain_steps = chain_steps or (old or {}).get("chain_steps")
+    if chain_steps:
+        entry["chain_steps"] = int(chain_steps)
     out = {}
     for n, e in models.items():
         if n == name:
