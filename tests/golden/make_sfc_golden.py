@@ -65,6 +65,8 @@ CASES = {
     "cifar10-x9": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.3: the cifar10 model of 0.9.3 (0.9.2's is cifar10-8 in the zoo now), format version 4
     "cifar10-x10": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.9.4: the cifar10 model of 0.9.4 (0.9.3's is cifar10-9 in the zoo now), format version 4
+    "cifar10-x11": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
