@@ -94,6 +94,11 @@ def default_settings(mode: str, model=None) -> dict:
     raise SfcError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
 
 
+def coding_settings(mode: str, model=None, settings: dict | None = None) -> dict:
+    """The settings compress codes with: the mode's defaults with this model, then the caller's."""
+    return {**default_settings(mode, model), **(settings or {})}
+
+
 @dataclass
 class CompressReport:
     num_images: int
@@ -251,7 +256,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
-    settings = {**default_settings(mode, model), **(settings or {})}
+    settings = coding_settings(mode, model, settings)
     ss = stream_settings or default_stream_settings(model)
     sources = choose_palette_coding(sources, ss.seed)
     micro_batch = micro_batch or default_micro_batch(ss.tile)
@@ -677,7 +682,7 @@ def work_units(header: dict) -> int:
 def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, settings: dict | None = None,
                         stream_settings: stream.StreamSettings | None = None) -> int:
     """Progress ticks (solver steps x tiles) of compressing these images."""
-    settings = {**default_settings(mode, model), **(settings or {})}
+    settings = coding_settings(mode, model, settings)
     ss = stream_settings or default_stream_settings(model)
     shapes = [s.color.shape if s.color is not None else (0, 0, 0) for s in sources]
     return steps_per_batch(mode, settings["steps"]) * len(stream.T.plan_tiles(shapes, ss.tile))
