@@ -109,9 +109,18 @@ def _key_value(s: str) -> tuple[str, object]:
     return key, {"true": True, "false": False}.get(value.lower(), value)
 
 
+def scoreflow_label(args, model) -> str:
+    """The scoreflow column's settings as one line, the steps included: a model may bring its own
+    (the shipped cifar10 chains 256), and --setting steps=N overrides them."""
+    from scoreflow_codec import api
+
+    steps = api.coding_settings(args.mode, model, args.sf_settings)["steps"]
+    return (f"model={args.model} mode={args.mode} steps={steps} device={args.device} "
+            f"arith={args.sf_settings.get('arith', 'exact64')}")
+
+
 def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args, model_ref: str | None = None) -> dict:
-    sf_label = (f"model={args.model} mode={args.mode} device={args.device} "
-                f"arith={args.sf_settings.get('arith', 'exact64')}")
+    sf_label = scoreflow_label(args, model) if model is not None else None
     total = len(imgset) * (len(codecs) + (model is not None))
     bar = _progress(total, imgset.name)
     rows = []
@@ -140,7 +149,7 @@ def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args, mod
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {"argv": args.argv, "limit": args.limit, "codecs": args.codecs,
                      "classical": {c.name: c.settings for c in codecs},
-                     "scoreflow": sf_label if model is not None else None,
+                     "scoreflow": sf_label,
                      "scoreflow_settings": args.sf_settings,
                      "jobs": args.jobs, "threads": args.threads,
                      "bpd": "8 * bytes / (H * W * C), C = the input image's channels",

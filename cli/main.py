@@ -191,7 +191,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="The .sfc file to write.")
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
-@click.option("--steps", type=click.IntRange(2, 4096), default=None, help="Solver / chain steps (default 128 in both modes, but the model's own where the zoo gives it one: cifar10 chains 256; fewer is faster and larger).")
+@click.option("--steps", type=click.IntRange(2, 4096), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where the zoo gives it one: see `sfcodec models`; fewer is faster and larger).")
 @TILE_OPTION
 @click.option("--device", default="cpu", show_default=True,
               help="cpu, or cuda with --arith float32 (such files decode on the same kind of device only).")
@@ -412,11 +412,20 @@ def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, probes, seed
 
 @cli.command()
 def models():
-    """List the shipped models."""
+    """List the shipped models with the tile size and chain steps each codes with by default."""
     from scoreflow_codec import zoo
+    from scoreflow_codec.coding.chain_codec import ChainSettings
 
-    for e in zoo.list_models():
-        click.echo(f"{e['name']:12s} {e.get('description', '')}")
+    entries = zoo.list_models()
+    width = max([len(e["name"]) + 2 for e in entries] + [12])
+    click.echo(f"{'name':{width}s} {'tile':>4s} {'steps':>5s}  description")
+    for e in entries:
+        name = e["name"] + (" *" if e["default"] else "")
+        steps = e.get("chain_steps") or ChainSettings().steps
+        click.echo(f"{name:{width}s} {e.get('tile', 32):4d} {steps:5d}  {e.get('description', '')}")
+    if entries:
+        click.echo("* the default model. tile: the tile size; steps: the chain mode's steps (--steps overrides). "
+                   "--model auto takes cifar10 for images up to 64x64 and photo for larger ones.")
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ for the models kept so that old files decode;
 "tile" (optional, default 32) is the tile size the codec uses with that model unless told otherwise;
 "chain_steps" (optional, default ChainSettings' 128) the chain mode's steps with it unless told otherwise
 (a file's header records the steps it was coded with, so changing them never changes an old file).
+A model given by path takes these defaults too where its bytes are a shipped model's (same sha256):
+the defaults follow the model, not the way it was named.
 """
 from __future__ import annotations
 
@@ -63,7 +65,12 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
         if name_or_path is None:
             raise ModelError("no model given and no default model ships with this installation; pass a model file")
     if Path(name_or_path).is_file():
-        return load_model_file(name_or_path, device)
+        loaded = load_model_file(name_or_path, device)
+        for entry in index["models"].values():  # the same bytes as a shipped model: its defaults too
+            if entry.get("sha256") == loaded.sha256:
+                _entry_defaults(loaded, entry)
+                break
+        return loaded
     name = str(name_or_path)
     if name not in index["models"]:
         names = ", ".join(index["models"]) or "none"
@@ -78,10 +85,15 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
         raise ModelError(f"shipped model {name!r} is corrupt: sha256 {sha[:12]}... differs from the index")
     loaded = load_model_bytes(data, path, device)
     loaded.name = name
+    _entry_defaults(loaded, entry)
+    return loaded
+
+
+def _entry_defaults(loaded: LoadedModel, entry: dict) -> None:
+    """The coding defaults an index entry gives its model: tile size and chain steps."""
     loaded.tile = int(entry.get("tile", loaded.tile))
     if entry.get("chain_steps") is not None:
         loaded.chain_steps = int(entry["chain_steps"])
-    return loaded
 
 
 def auto_model_name(sizes: list[tuple[int, int]]) -> str:

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from bench import classical, datasets
-from bench.run import parse_codecs
+from bench.run import parse_codecs, scoreflow_label
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,6 +60,23 @@ def test_parse_codecs():
 
 
 # --- data sets --------------------------------------------------------------------------
+
+def test_scoreflow_label_names_the_steps_coded_with():
+    """The settings label names the model's own chain steps where it has them, else the mode's
+    default; --setting steps=N wins; ODE mode keeps its default."""
+    from types import SimpleNamespace
+
+    from scoreflow_codec import api
+
+    own, plain = SimpleNamespace(chain_steps=24), SimpleNamespace(chain_steps=None)
+    args = SimpleNamespace(model="m", mode="chain", device="cpu", sf_settings={})
+    assert scoreflow_label(args, own) == "model=m mode=chain steps=24 device=cpu arith=exact64"
+    assert f" steps={api.default_settings('chain')['steps']} " in scoreflow_label(args, plain)
+    args.sf_settings = {"steps": 8, "arith": "float32"}
+    assert scoreflow_label(args, own) == "model=m mode=chain steps=8 device=cpu arith=float32"
+    args.mode, args.sf_settings = "ode", {}
+    assert f" steps={api.default_settings('ode')['steps']} " in scoreflow_label(args, own)
+
 
 def test_load_npz(tmp_path):
     imgs = np.stack([_image(3, 8, 8)] * 5)
@@ -168,6 +185,7 @@ def test_cli_quick_scoreflow(shared_data, tmp_path):
     (outdir,) = tmp_path.iterdir()
     res = json.loads((outdir / "results.json").read_text())
     assert res["scoreflow"]["stream"]["lossless"]
+    assert res["settings"]["scoreflow"] == "model=auto mode=chain steps=16 device=cpu arith=exact64"  # --quick's steps
     rows = [row for row in res["per_image"] if row["codec"] == "scoreflow"]
     assert len(rows) == 5 and all(row["lossless"] for row in rows)
     for row in rows:
@@ -192,7 +210,7 @@ def test_jobs_give_the_same_files(tmp_path):
         assert r.returncode == 0, r.stderr
         (outdir,) = out.iterdir()
         res[jobs] = json.loads((outdir / "results.json").read_text())
-        assert res[jobs]["settings"]["jobs"] == jobs
+        assert res[jobs]["settings"]["jobs"] == jobs and " steps=4 " in res[jobs]["settings"]["scoreflow"]
     rows = {j: [row for row in res[j]["per_image"] if row["codec"] == "scoreflow"] for j in res}
     assert [row["image"] for row in rows[2]] == [row["image"] for row in rows[1]] == ["im0.png", "im1.png", "im2.png"]
     assert all(row["lossless"] and row["bound_bpd"] > 0 for row in rows[2])

@@ -383,10 +383,23 @@ def test_verify_plain(image, model_a):
     assert r.stdout.startswith("OK: 1 image(s)") and "pixels identical" in r.stdout
 
 
-def test_models():
+def test_models_lists_each_shipped_model_with_its_coding_defaults():
+    """`sfcodec models`: one line per zoo entry with its tile size and chain steps (the entry's own,
+    else the chain codec's default), the default model starred."""
+    from scoreflow_codec import zoo
+    from scoreflow_codec.coding.chain_codec import ChainSettings
+
     r = sfcodec("models")
     assert_ok(r)
-    assert r.stdout.split()[0] == "cifar10"
+    lines = r.output.splitlines()
+    assert lines[0].split() == ["name", "tile", "steps", "description"]
+    index = zoo.read_index()
+    assert len(lines) == len(index["models"]) + 2 and lines[-1].startswith("* the default model")
+    for line, (name, entry) in zip(lines[1:], index["models"].items()):
+        star = ["*"] if name == index["default"] else []
+        tile, steps = entry.get("tile", 32), entry.get("chain_steps") or ChainSettings().steps
+        assert line.split()[:3 + len(star)] == [name, *star, str(tile), str(steps)], line
+
 
 
 def test_help_subprocess():
@@ -732,3 +745,4 @@ print("torch" in sys.modules)
     assert r.stdout.strip().splitlines()[-1] == "False", r.stdout
     assert_ok(sfcodec("decompress", good_sfc, "-o", tmp_path / "here.png", "-q"))
     assert (tmp_path / "here.png").read_bytes() == out.read_bytes()
+

@@ -231,3 +231,28 @@ def test_zoo(tmp_path, monkeypatch):
         zoo.load_model("toy")
     with pytest.raises(ModelError, match="no default"):
         zoo.load_model(None)
+
+
+def test_a_shipped_model_given_by_path_keeps_its_defaults(tmp_path, monkeypatch):
+    """The coding defaults (tile, chain steps) follow the model's bytes, not how it was named: the
+    packaged file given by path codes like its name; another file keeps the built-in defaults."""
+    good = _good(tmp_path)
+    model, deq = _trained_like()
+    torch.nn.init.zeros_(next(model.parameters()))  # other weights, another sha256
+    other = tmp_path / "other.safetensors"
+    save_model(other, model, deq, {})
+    zdir = tmp_path / "zoo"
+    zdir.mkdir()
+    (zdir / "photo.safetensors").write_bytes(good.read_bytes())
+    sha = hashlib.sha256(good.read_bytes()).hexdigest()
+    (zdir / "index.json").write_text(json.dumps({"models": {"photo": {
+        "file": "photo.safetensors", "sha256": sha, "description": "d", "image_size": 32, "tile": 64,
+        "chain_steps": 200}}, "default": "photo"}))
+    monkeypatch.setattr(zoo, "ZOO_DIR", zdir)
+
+    for ref in ("photo", str(zdir / "photo.safetensors"), str(good)):
+        lm = zoo.load_model(ref)
+        assert (lm.sha256, lm.tile, lm.chain_steps) == (sha, 64, 200), ref
+    assert zoo.load_model(str(good)).name == "good"  # the file's own name: it was not loaded as "photo"
+    lm = zoo.load_model(str(other))
+    assert lm.sha256 != sha and (lm.tile, lm.chain_steps) == (32, None)

@@ -116,7 +116,7 @@ def test_ship_a_new_name_into_an_empty_zoo(tmp_path):
     index = json.loads((z / "index.json").read_text())
     assert index == {"models": {"photo2": {"file": "photo2.safetensors", "sha256": _sha(new), "description": "photos",
                                            "image_size": 32, "tile": 64, "chain_steps": 96}}, "default": "photo2"}
-    assert zoo.load_model(str(z / "photo2.safetensors")).chain_steps is None  # a path has no zoo entry
+    assert zoo.load_model(str(z / "photo2.safetensors")).chain_steps is None  # shipped into z, not the package's zoo: no entry has its sha256
 
 
 @pytest.mark.parametrize("case, words", [
