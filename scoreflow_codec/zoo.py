@@ -66,10 +66,9 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
             raise ModelError("no model given and no default model ships with this installation; pass a model file")
     if Path(name_or_path).is_file():
         loaded = load_model_file(name_or_path, device)
-        for entry in index["models"].values():  # the same bytes as a shipped model: its defaults too
-            if entry.get("sha256") == loaded.sha256:
-                _entry_defaults(loaded, entry)
-                break
+        shipped = shipped_name(loaded.sha256)  # the same bytes as a shipped model: its defaults too
+        if shipped is not None:
+            _entry_defaults(loaded, index["models"][shipped])
         return loaded
     name = str(name_or_path)
     if name not in index["models"]:

@@ -59,8 +59,6 @@ def test_parse_codecs():
         parse_codecs("png,gif")
 
 
-# --- data sets --------------------------------------------------------------------------
-
 def test_scoreflow_label_names_the_steps_coded_with():
     """The settings label names the model's own chain steps where it has them, else the mode's
     default; --setting steps=N wins; ODE mode keeps its default."""
@@ -77,6 +75,8 @@ def test_scoreflow_label_names_the_steps_coded_with():
     args.mode, args.sf_settings = "ode", {}
     assert f" steps={api.default_settings('ode')['steps']} " in scoreflow_label(args, own)
 
+
+# --- data sets --------------------------------------------------------------------------
 
 def test_load_npz(tmp_path):
     imgs = np.stack([_image(3, 8, 8)] * 5)

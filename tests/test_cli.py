@@ -401,7 +401,6 @@ def test_models_lists_each_shipped_model_with_its_coding_defaults():
         assert line.split()[:3 + len(star)] == [name, *star, str(tile), str(steps)], line
 
 
-
 def test_help_subprocess():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "cli.main", "--help"], cwd=REPO, env=env,
@@ -745,4 +744,3 @@ print("torch" in sys.modules)
     assert r.stdout.strip().splitlines()[-1] == "False", r.stdout
     assert_ok(sfcodec("decompress", good_sfc, "-o", tmp_path / "here.png", "-q"))
     assert (tmp_path / "here.png").read_bytes() == out.read_bytes()
-
