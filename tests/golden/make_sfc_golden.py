@@ -67,6 +67,8 @@ CASES = {
     "cifar10-x10": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.4: the cifar10 model of 0.9.4 (0.9.3's is cifar10-9 in the zoo now), format version 4
     "cifar10-x11": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.9.5: the cifar10 model of 0.9.5 (0.9.4's is cifar10-10 in the zoo now), format version 4
+    "cifar10-x12": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
