@@ -209,3 +209,24 @@ def test_cool_down_branch_resumes_a_constant_run(cifar_small, tmp_path):
     _, state = ckpt.load_checkpoint(out / "checkpoint")
     assert state["step"] == 8 and state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3.25e-4)
     assert json.loads((out / "config.json").read_text())["decay_from"] == 4
+
+
+def test_resume_does_not_inherit_the_time_limit(cifar_small, tmp_path):
+    """--max-minutes bounds one command: a run stopped by it and resumed without it trains on to
+    --steps (it used to keep the saved limit and stop again after as many minutes)."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    out = tmp_path / "run"
+    common = ["train", "--out", str(out), "--eval-every", "0", "--save-every", "0", "--no-progress"]
+    first = common + ["--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
+                      "--preset", "tiny", "--dequant", "uniform", "--batch", "8", "--eval-images", "8",
+                      "--eval-n-t", "2", "--steps", "3", "--no-bf16", "--max-minutes", "1e-7"]
+    r = CliRunner().invoke(main, first)
+    assert r.exit_code == 0, r.output
+    assert ckpt.load_checkpoint(out / "checkpoint")[1]["step"] < 3  # the limit stopped it early
+    r = CliRunner().invoke(main, common)
+    assert r.exit_code == 0, r.output
+    assert ckpt.load_checkpoint(out / "checkpoint")[1]["step"] == 3
+    assert json.loads((out / "config.json").read_text())["max_minutes"] == 0.0

@@ -89,6 +89,9 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
         torch.set_num_threads(threads)
     cfg_file = out / "config.json"
     base = TrainConfig.from_dict(json.loads(cfg_file.read_text())) if cfg_file.exists() else TrainConfig()
+    # A time limit is this command's, not the run's: a resumed run without --max-minutes has none
+    # (the run directory's config.json keeps the last one only as a record).
+    base = base.override(max_minutes=0.0)
     if no_flip:
         kw["flip"] = False
     if no_importance:
