@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from scoreflow_codec import __version__
+from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
 from scoreflow_codec.errors import BadFileError, OutputExistsError, SfcError, UsageError
 from scoreflow_codec.fileio import atomic_write
 
@@ -164,9 +165,9 @@ def _out_name(name: str | None, index: int, n: int) -> str:
     return f"image_{index:0{max(4, len(str(n)))}d}.png"
 
 
-TILE_OPTION = click.option("--tile", type=click.IntRange(8, 256), default=None,
+TILE_OPTION = click.option("--tile", type=click.IntRange(*TILE_RANGE), default=None,
                            help="Tile size in pixels the model sees at a time (default: the model's: "
-                                "64 for photo, 32 otherwise).")
+                                "64 for photo, what a model file records, else 32).")
 MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both smaller and about 10x faster); "
              "ode: the probability-flow ODE (the paper's likelihood; slow on a CPU).")
 FALLBACK_OPTION = click.option(
@@ -191,7 +192,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="The .sfc file to write.")
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
-@click.option("--steps", type=click.IntRange(2, 4096), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where the zoo gives it one: see `sfcodec models`; fewer is faster and larger).")
+@click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where its zoo entry or its file gives one: see `sfcodec models`; fewer is faster and larger).")
 @TILE_OPTION
 @click.option("--device", default="cpu", show_default=True,
               help="cpu, or cuda with --arith float32 (such files decode on the same kind of device only).")
@@ -335,7 +336,7 @@ def info(input, as_json):
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
-@click.option("--steps", type=click.IntRange(2, 4096), default=None)
+@click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None)
 @TILE_OPTION
 @click.option("--device", default="cpu", show_default=True)
 @ARITH_OPTION

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__, container, images as imgs
 from .coding import stream
-from .coding.modes import ARITHMETICS, MODES, steps_per_batch
+from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
 from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError
 from .estimate import Estimate, sequential_mean
 
@@ -30,7 +30,7 @@ MAX_IMAGES = 100_000
 MAX_TOTAL_PIXELS = 1_000_000_000  # all images of one file together (10 x images.MAX_PIXELS)
 # Bounds on what a header may ask the decoder to do, checked before anything is allocated or
 # run: a corrupt or hostile header must not make the decoder allocate gigabytes or loop for hours.
-MAX_STEPS = 4096          # = the CLI's --steps limit
+MAX_STEPS = STEPS_RANGE[1]  # = the CLI's --steps limit
 MAX_MICRO_BATCH = 1024
 MAX_THREADS = 1024
 MAX_PAD_WORDS = 1 << 22   # 16 MiB of padding; the defaults use ~56k words

@@ -5,7 +5,10 @@ float32 or float16 (parameters only; buffers such as the Fourier frequencies sta
 always loaded back as float32. Metadata (all strings):
     format = "scoreflow-codec-model", format_version = "1", dtype = "float32" | "float16",
     config = JSON {"sde": SDEConfig, "unet": UNetConfig, "precond": PrecondConfig,
-                   "dequant": DequantConfig, "preset": str | null, "info": {...}}.
+                   "dequant": DequantConfig, "preset": str | null, "info": {...},
+                   "codec"?: {"tile"?: int, "chain_steps"?: int}}.
+"codec" holds the settings the codec uses with the model unless told otherwise (`trainer export
+--tile/--chain-steps`); a zoo entry's own "tile" / "chain_steps" take precedence over them.
 The sha256 of the file's bytes identifies the model (the .sfc header records it). No pickle.
 
 A model file may also be stored xz-compressed (`NAME.safetensors.xz`, as the zoo keeps the models
@@ -25,6 +28,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .coding.modes import STEPS_RANGE, TILE_RANGE
 from .dequant import DequantConfig, Dequantizer, make_dequantizer
 from .fileio import atomic_write
 from .errors import ModelError
@@ -44,8 +48,20 @@ class LoadedModel:
     model: ScoreModel
     dequantizer: Dequantizer
     sde: SDE
-    tile: int = 32  # the tile size the codec uses with it by default (a zoo entry may set another)
-    chain_steps: int | None = None  # the chain mode's steps by default (None: ChainSettings'; a zoo entry may set them)
+    tile: int = 32  # the tile size the codec uses with it by default (the file's "codec", then a zoo entry, may set another)
+    chain_steps: int | None = None  # the chain mode's steps by default (None: ChainSettings'; set as the tile is)
+
+
+def codec_defaults(tile: int | None = None, chain_steps: int | None = None) -> dict:
+    """The "codec" entry of a model file's config: the given defaults, checked against the ranges."""
+    out = {}
+    for key, v, (lo, hi) in (("tile", tile, TILE_RANGE), ("chain_steps", chain_steps, STEPS_RANGE)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"codec {key} must be an integer in [{lo}, {hi}], not {v!r}")
+        out[key] = v
+    return out
 
 
 def model_config(model: ScoreModel, dequantizer: Dequantizer, preset: str | None = None,
@@ -66,6 +82,8 @@ def save_model(path: str | os.PathLike, model: ScoreModel, dequantizer: Dequanti
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be 'float32' or 'float16', not {dtype!r}")
     config = dict(config or {})
+    if config.get("codec") is not None:
+        config["codec"] = codec_defaults(**{k: config["codec"].get(k) for k in ("tile", "chain_steps")})
     full = model_config(model, dequantizer, config.get("preset"), {**config.get("info", {}), **(metadata or {})})
     for k in ("sde", "unet", "precond", "dequant"):
         if k in config and json.loads(json.dumps(config[k])) != json.loads(json.dumps(full[k])):
@@ -155,6 +173,10 @@ def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -
         model = ScoreModel(UNet(UNetConfig.from_dict(config["unet"])), make_sde(SDEConfig.from_dict(config["sde"])),
                            PrecondConfig.from_dict(config.get("precond")))
         dequantizer = make_dequantizer(DequantConfig.from_dict(config["dequant"]))
+        codec = config.get("codec") or {}
+        if not isinstance(codec, dict):
+            raise TypeError(f"codec must be an object, not {codec!r}")
+        codec = codec_defaults(codec.get("tile"), codec.get("chain_steps"))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ModelError(f"{p}: bad model config ({e.__class__.__name__}: {e})") from None
     try:
@@ -182,4 +204,5 @@ def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -
     model.to(device).eval()
     dequantizer.to(device).eval()
     name = str(config.get("info", {}).get("name") or Path(p.name.removesuffix(".xz")).stem)
-    return LoadedModel(name, hashlib.sha256(data).hexdigest(), config, model, dequantizer, model.sde)
+    return LoadedModel(name, hashlib.sha256(data).hexdigest(), config, model, dequantizer, model.sde,
+                       tile=codec.get("tile", 32), chain_steps=codec.get("chain_steps"))

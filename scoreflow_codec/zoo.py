@@ -4,8 +4,9 @@ index.json = {"models": {name: {"file", "sha256", "description", "image_size", "
 "default": name | null};
 "file" is NAME.safetensors, or NAME.safetensors.xz (xz-compressed; "sha256" is of the file it holds)
 for the models kept so that old files decode;
-"tile" (optional, default 32) is the tile size the codec uses with that model unless told otherwise;
-"chain_steps" (optional, default ChainSettings' 128) the chain mode's steps with it unless told otherwise
+"tile" (optional; default: the model file's own "codec" default, else 32) is the tile size the codec
+uses with that model unless told otherwise; "chain_steps" (optional; default: the file's, else
+ChainSettings' 128) the chain mode's steps with it unless told otherwise
 (a file's header records the steps it was coded with, so changing them never changes an old file).
 A model given by path takes these defaults too where its bytes are a shipped model's (same sha256):
 the defaults follow the model, not the way it was named.

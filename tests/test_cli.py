@@ -446,6 +446,23 @@ def test_tile_option(image, model_a, tmp_path):
     assert not (tmp_path / "t.sfc").exists()
 
 
+def test_a_model_file_brings_its_own_tile_and_steps(image, model_a, tmp_path):
+    """A model file that records coding defaults (trainer export --tile/--chain-steps) codes with
+    them when given by path (--tile and --steps override them as they override the codec's own:
+    test_tile_option, api.coding_settings)."""
+    from scoreflow_codec.modelfile import load_model_file, save_model
+
+    lm = load_model_file(model_a)
+    mine = tmp_path / "mine.safetensors"
+    save_model(mine, lm.model, lm.dequantizer, {**lm.config, "codec": {"tile": 16, "chain_steps": 6}})
+    src, sfc = image("rgb_31x33"), tmp_path / "a.sfc"
+    assert_ok(sfcodec("compress", src, "-o", sfc, "--model", mine, "--mode", "chain", "--no-fallback", "-q"))
+    h = json.loads(sfcodec("info", sfc, "--json").stdout)
+    assert h["stream"]["tile"] == 16 and h["settings"]["steps"] == 6
+    assert_ok(sfcodec("decompress", sfc, "-o", tmp_path / "out.png", "--model", mine, "-q"))
+    assert_same_pixels(src, tmp_path / "out.png")
+
+
 def test_eval(model_a, tmp_path):
     """eval: a row per image and their mean, bound and ODE NLL (several probes), reproducible by seed."""
     npz = tmp_path / "two.npz"

@@ -141,9 +141,40 @@ def _bad_files(tmp_path):
                         "missing model.net.conv_out.weight"),
         "extra_key": (_rewrite(good, tmp_path / "e.st", tensors=lambda t: {**t, "dequant.foo": torch.zeros(1)}),
                       "unexpected dequant.foo"),
+        "codec": (_rewrite(good, tmp_path / "d.st", meta=lambda m: {**m, "config": json.dumps(
+            {**json.loads(m["config"]), "codec": {"tile": 4}})}), "codec tile must be an integer in [8, 256]"),
+        "codec_type": (_rewrite(good, tmp_path / "t.st", meta=lambda m: {**m, "config": json.dumps(
+            {**json.loads(m["config"]), "codec": [64]})}), "codec must be an object"),
         "shape": (_rewrite(good, tmp_path / "s.st",
                            tensors=lambda t: {**t, "model.net.conv_in.bias": torch.zeros(5)}), "shape"),
     }
+
+
+def test_a_file_may_carry_its_coding_defaults(tmp_path, monkeypatch):
+    """config["codec"]: the tile and chain steps the codec uses with the model unless told
+    otherwise; a zoo entry's own defaults take precedence; bad values are refused on saving."""
+    from scoreflow_codec import api
+
+    model, deq = _trained_like()
+    path = tmp_path / "mine.safetensors"
+    save_model(path, model, deq, {"codec": {"tile": 64, "chain_steps": 96}})
+    lm = load_model_file(path)
+    assert (lm.tile, lm.chain_steps) == (64, 96) and lm.config["codec"] == {"tile": 64, "chain_steps": 96}
+    assert api.default_stream_settings(lm).tile == 64 and api.default_stream_settings(lm, 16).tile == 16
+    assert api.default_settings("chain", lm)["steps"] == 96
+    assert load_model_file(_good(tmp_path)).tile == 32  # none recorded: the codec's
+
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    (tmp_path / "index.json").write_text(json.dumps({"models": {"p": {
+        "file": "mine.safetensors", "sha256": sha, "description": "d", "image_size": 32, "tile": 48}}}))
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
+    lm = zoo.load_model("p")
+    assert (lm.tile, lm.chain_steps) == (48, 96)  # the entry's tile, the file's steps (the entry has none)
+
+    for bad in ({"tile": 4}, {"tile": 64.0}, {"chain_steps": 1}, {"tile": True}):
+        with pytest.raises(ValueError, match="codec"):
+            save_model(tmp_path / "bad.safetensors", model, deq, {"codec": bad})
+    assert not (tmp_path / "bad.safetensors").exists()
 
 
 def test_xz_compressed_file_is_the_same_model(tmp_path):

@@ -119,6 +119,23 @@ def test_ship_a_new_name_into_an_empty_zoo(tmp_path):
     assert zoo.load_model(str(z / "photo2.safetensors")).chain_steps is None  # shipped into z, not the package's zoo: no entry has its sha256
 
 
+def test_ship_takes_the_defaults_a_file_records(zoo_dir, tmp_path):
+    """A file exported with --tile/--chain-steps ships with them, before the old entry's; the
+    options of ship still come first."""
+    torch.manual_seed(4)
+    model, deq = build("tiny", SDEConfig(kind="vp"))
+    new = tmp_path / "new.safetensors"
+    save_model(new, model.eval(), deq.eval(), {"preset": "tiny", "codec": {"tile": 64, "chain_steps": 96}})
+    r = _ship(new, "--as", "toy", "--keep-as", "toy-2", "--description", "d", "--zoo", zoo_dir)
+    assert r.exit_code == 0, r.output
+    entry = json.loads((zoo_dir / "index.json").read_text())["models"]["toy"]
+    assert (entry["tile"], entry["chain_steps"]) == (64, 96)  # not the old entry's 48 and 200
+    r = _ship(new, "--as", "toy2", "--description", "d", "--tile", "16", "--chain-steps", "8", "--zoo", tmp_path / "z2")
+    assert r.exit_code == 0, r.output
+    entry = json.loads((tmp_path / "z2" / "index.json").read_text())["models"]["toy2"]
+    assert (entry["tile"], entry["chain_steps"]) == (16, 8)
+
+
 @pytest.mark.parametrize("case, words", [
     ("no keep-as", "--keep-as"),
     ("keep-as taken", "is taken"),

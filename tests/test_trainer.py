@@ -71,6 +71,11 @@ def test_variational_second_stage_and_export(cifar_small, tmp_path):
     loaded = load_model_file(tmp_path / "m.safetensors")
     assert loaded.sha256 == sha and loaded.dequantizer.config.kind == "variational"
     assert loaded.config["info"]["step"] == 4
+    assert (loaded.name, loaded.tile, loaded.chain_steps) == ("m", 32, None)  # the file's stem; the codec's defaults
+    # --name, --tile and --chain-steps are recorded and come back on loading
+    export(tmp_path / "s2", tmp_path / "p.safetensors", calib_images=0, name="mine", tile=64, chain_steps=96)
+    loaded = load_model_file(tmp_path / "p.safetensors")
+    assert (loaded.name, loaded.tile, loaded.chain_steps) == ("mine", 64, 96)
 
 
 def test_checkpoint_shards_stay_under_the_limit(tmp_path):

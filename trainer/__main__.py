@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from .config import TrainConfig
+from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
 
 
 @contextmanager
@@ -117,12 +118,17 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
 @click.option("--name", default=None, help="Model name recorded in the file (default: the file stem).")
 @click.option("--calib-images", type=int, default=512, show_default=True,
               help="Training images to measure the denoising-error table on (0: none).")
-def export(run, output, fp16, name, calib_images):
+@click.option("--tile", type=click.IntRange(*TILE_RANGE), default=None,
+              help="The tile size the codec uses with it unless told otherwise (default: 32; photos: 64).")
+@click.option("--chain-steps", type=click.IntRange(*STEPS_RANGE), default=None,
+              help="The chain mode's steps with it unless told otherwise (default: the codec's 128).")
+def export(run, output, fp16, name, calib_images, tile, chain_steps):
     """Export a run's EMA model for the codec (one .safetensors with its config)."""
     from .train import export as do_export
 
     with _input_errors():
-        sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images)
+        sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images,
+                        tile=tile, chain_steps=chain_steps)
     click.echo(f"{output}: sha256 {sha}")
 
 
@@ -137,9 +143,10 @@ def export(run, output, fp16, name, calib_images):
 @click.option("--card", default=None, type=click.Path(path_type=Path),
               help="The new model's card (default: the old card's text, to be updated).")
 @click.option("--curve", default=None, type=click.Path(path_type=Path), help="Its training curve (trainer plot).")
-@click.option("--tile", type=click.IntRange(8, 256), default=None, help="Its default tile (default: the old entry's).")
-@click.option("--chain-steps", type=click.IntRange(2, 4096), default=None,
-              help="Its default chain-mode steps (default: the old entry's, else the codec's 128).")
+@click.option("--tile", type=click.IntRange(*TILE_RANGE), default=None,
+              help="Its default tile (default: the file's, else the old entry's, else 32).")
+@click.option("--chain-steps", type=click.IntRange(*STEPS_RANGE), default=None,
+              help="Its default chain-mode steps (default: the file's, else the old entry's, else the codec's 128).")
 @click.option("--default", "make_default", is_flag=True, help="Make it the zoo's default model.")
 @click.option("--zoo", "zoo_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="The zoo folder (default: the package's, scoreflow_codec/zoo).")

@@ -118,11 +118,12 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
         atomic_write(src["curve"], curve_png)
     atomic_write(src["model"], new_bytes)
 
+    own = lm.config.get("codec") or {}  # the defaults the file records (trainer export --tile/--chain-steps)
     entry = {"file": src["model"].name, "sha256": sha,
              "description": description,
              "image_size": int(old["image_size"]) if old else int(lm.config["unet"]["image_size"]),
-             "tile": int(tile or (old or {}).get("tile") or lm.tile)}
-    chain_steps = chain_steps or (old or {}).get("chain_steps")
+             "tile": int(tile or own.get("tile") or (old or {}).get("tile") or lm.tile)}
+    chain_steps = chain_steps or own.get("chain_steps") or (old or {}).get("chain_steps")
     if chain_steps:
         entry["chain_steps"] = int(chain_steps)
     out = {}

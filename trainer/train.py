@@ -302,11 +302,13 @@ def calibrate(model, data: str, images: int = 512, seed: int = 0) -> dict:
 
 
 def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str | None = None,
-           extra: dict | None = None, calib_images: int = 512) -> str:
+           extra: dict | None = None, calib_images: int = 512, tile: int | None = None,
+           chain_steps: int | None = None) -> str:
     """Write the EMA model of a run as the one-file format the codec loads; returns its sha256.
 
     With calib_images > 0 the file also carries the model's denoising-error table, measured on
-    that many training images (chain mode's reverse variances).
+    that many training images (chain mode's reverse variances). tile / chain_steps, where given,
+    are recorded as the defaults the codec uses with the model (modelfile's "codec").
     """
     from scoreflow_codec import modelfile
 
@@ -315,7 +317,11 @@ def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str 
             "train_config": state["config"], "last_eval": state.get("last", {}), **(extra or {})}
     if calib_images > 0:
         info["eps_mse"] = calibrate(model, state["config"]["data"], calib_images)
-    config = {"preset": mconfig["preset"], "name": name or Path(path).stem, "info": info}
+    info["name"] = name or Path(path).stem  # the name the codec loads it as (modelfile reads info's)
+    config = {"preset": mconfig["preset"], "info": info}
+    codec = modelfile.codec_defaults(tile, chain_steps)
+    if codec:
+        config["codec"] = codec
     return modelfile.save_model(path, model, dequant, config, dtype=dtype)
 
 
