@@ -266,3 +266,27 @@ def test_graphics_bench(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "graphics.py"), str(folder), "--colors", "1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "graphics.py: error:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tile_gap(tmp_path, capsys):
+    """bench/tile_gap.py: per tile the model's bound and the seed codec on the tile alone, and the
+    seed codec on the whole image; the best-per-tile column is the per-tile minimum."""
+    from bench.tile_gap import main as tile_gap
+    from scoreflow_codec.coding.seed_codec import seed_bits
+
+    rgb = _image(3, 40, 48)
+    Image.fromarray(rgb).save(tmp_path / "a.png")
+    Image.fromarray(rgb[..., 0]).save(tmp_path / "g.png")
+    out = tmp_path / "gap.json"
+    assert tile_gap([str(tmp_path / "a.png"), "--model", "cifar10", "--tile", "16", "--n-t", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["images"]["a.png"]
+    assert r["tiles"] == 3 * 3  # 40x48 in 16px tiles
+    m, s = np.array(r["per_tile"]["model"]), np.array(r["per_tile"]["seed_tile"])
+    assert np.all(np.isfinite(m)) and np.all(s > 0)  # m: a 2-sample estimate, which may fall below 0 on a tile
+    assert r["best_per_tile"] == pytest.approx(np.minimum(m, s).mean()) and r["model_wins"] == np.mean(m < s)
+    assert r["seed_whole"] == pytest.approx(seed_bits(rgb.transpose(2, 0, 1).copy()) / rgb.size)
+    assert r["seed_tile"] == pytest.approx(seed_bits(np.ascontiguousarray(rgb[:16, :16].transpose(2, 0, 1))) / (3 * 256)
+                                           / 9 + np.sum(s[1:]) / 9)
+    assert "a.png" in capsys.readouterr().out
+    assert tile_gap([str(tmp_path / "g.png"), "--model", "cifar10"]) == 2
+    assert "not a plain RGB image" in capsys.readouterr().err

@@ -1,0 +1,109 @@
+"""Where the model loses to the seed codec: per tile, or across the image.
+
+For each image, cut into the codec's tiles (edge tiles padded as the stream pads them), three
+costs in bits/dim of its colour planes:
+  model      the model's bound on each tile (the float32 network, --n-t stratified time samples:
+             an estimate of what the model's stream costs, as `sfcodec eval --no-ode`);
+  seed tile  the seed codec on each tile alone (its ideal codelength: the same context model, but
+             its adaptive statistics start afresh on every tile, as the model's tiles know nothing
+             of each other);
+  seed whole the seed codec on the whole image (what `sfcodec compress` writes where it wins).
+The "best per tile" column takes the cheaper of model and seed tile per tile: what a stream that
+chose per tile could at best reach. Where it stays above "seed whole", no per-tile switching
+between the two beats the seed codec's own file; "seed tile - seed whole" is what the seed codec
+gains from seeing the whole image.
+
+    python bench/tile_gap.py ../shared/data/kodak/kodim01.png ../shared/data/kodak/kodim20.png --model photo
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 0) -> dict:
+    """The three costs of one RGB image (module docstring), per tile and in all."""
+    import torch
+
+    from scoreflow_codec import likelihood
+    from scoreflow_codec.api import padded_tile
+    from scoreflow_codec.coding import stream
+    from scoreflow_codec.coding.seed_codec import seed_bits
+
+    refs = stream.T.plan_tiles([source.color.shape], tile)
+    tiles = np.stack([padded_tile(source.color, r, tile) for r in refs])
+    gen = torch.Generator().manual_seed(seed)
+    bound = []
+    with torch.no_grad():
+        for i in range(0, len(tiles), batch):
+            xb = torch.from_numpy(tiles[i:i + batch])
+            deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
+            terms = likelihood.bound_terms(model.model, xb, deq, n_t=n_t, generator=gen)
+            bound.append(terms["bpd_with"].double().numpy())
+    model_bpd = np.concatenate(bound)
+    seed_tile = np.array([seed_bits(t) / t.size for t in tiles])
+    return {"tiles": len(tiles), "model": float(model_bpd.mean()), "seed_tile": float(seed_tile.mean()),
+            "seed_whole": float(seed_bits(source.color) / source.color.size),
+            "best_per_tile": float(np.minimum(model_bpd, seed_tile).mean()),
+            "model_wins": float((model_bpd < seed_tile).mean()),
+            "per_tile": {"model": model_bpd.tolist(), "seed_tile": seed_tile.tolist()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("images", nargs="+", type=Path, help="RGB images (PNG etc.)")
+    ap.add_argument("--model", default="photo", help="zoo name or model file (default: photo)")
+    ap.add_argument("--tile", type=int, default=None, help="tile size (default: the model's)")
+    ap.add_argument("--n-t", type=int, default=16, help="time samples per tile of the bound")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from scoreflow_codec import images as imgs, zoo
+    from scoreflow_codec.errors import SfcError
+
+    torch.set_num_threads(args.threads)
+    try:
+        model = zoo.load_model(args.model)
+        sources = [imgs.load_image(p) for p in args.images]
+    except SfcError as e:
+        print(f"tile_gap: {e}", file=sys.stderr)
+        return 2
+    for p, s in zip(args.images, sources):
+        if s.color is None or s.color.shape[0] != 3 or s.extra is not None:
+            print(f"tile_gap: {p}: not a plain RGB image", file=sys.stderr)
+            return 2
+    tile = args.tile or model.tile
+    print(f"model {model.name} ({model.sha256[:12]}), {tile}px tiles, bound with {args.n_t} time samples")
+    print(f"{'image':16s} {'tiles':>5s} {'model':>7s} {'seed tile':>9s} {'best/tile':>9s} {'seed whole':>10s} "
+          f"{'model wins':>10s} {'s':>5s}")
+    rows = {}
+    for p, s in zip(args.images, sources):
+        t0 = time.perf_counter()
+        r = tile_costs(s, model, tile, args.n_t)
+        r["seconds"] = time.perf_counter() - t0
+        rows[p.name] = r
+        print(f"{p.name[:16]:16s} {r['tiles']:5d} {r['model']:7.3f} {r['seed_tile']:9.3f} {r['best_per_tile']:9.3f} "
+              f"{r['seed_whole']:10.3f} {100 * r['model_wins']:9.0f}% {r['seconds']:5.0f}", flush=True)
+    mean = {k: float(np.mean([r[k] for r in rows.values()])) for k in
+            ("model", "seed_tile", "best_per_tile", "seed_whole", "model_wins")}
+    print(f"{'mean':16s} {'':5s} {mean['model']:7.3f} {mean['seed_tile']:9.3f} {mean['best_per_tile']:9.3f} "
+          f"{mean['seed_whole']:10.3f} {100 * mean['model_wins']:9.0f}%")
+    if args.json:
+        args.json.write_text(json.dumps({"model": model.name, "sha256": model.sha256, "tile": tile, "n_t": args.n_t,
+                                         "images": rows, "mean": mean}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
