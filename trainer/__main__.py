@@ -20,8 +20,9 @@ from pathlib import Path
 
 import click
 
-from .config import TrainConfig
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
+
+from .config import TrainConfig
 
 
 @contextmanager
