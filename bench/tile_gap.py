@@ -11,7 +11,9 @@ costs in bits/dim of its colour planes:
 The "best per tile" column takes the cheaper of model and seed tile per tile: what a stream that
 chose per tile could at best reach. Where it stays above "seed whole", no per-tile switching
 between the two beats the seed codec's own file; "seed tile - seed whole" is what the seed codec
-gains from seeing the whole image.
+gains from seeing the whole image. Per-tile costs count a padded edge tile's padding as pixels
+(the stream codes it as latents): the comparison is exact where the tiles divide the image, as
+64px tiles divide Kodak's 768x512.
 
     python bench/tile_gap.py ../shared/data/kodak/kodim01.png ../shared/data/kodak/kodim20.png --model photo
 """
