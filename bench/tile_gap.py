@@ -47,9 +47,7 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
     with torch.no_grad():
         for i in range(0, len(tiles), batch):
             xb = torch.from_numpy(tiles[i:i + batch])
-            deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
-            terms = likelihood.bound_terms(model.model, xb, deq, n_t=n_t, generator=gen)
-            bound.append(terms["bpd_with"].double().numpy())
+            bound.append(likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=n_t, generator=gen).double().numpy())
     model_bpd = np.concatenate(bound)
     seed_tile = np.array([seed_bits(t) / t.size for t in tiles])
     return {"tiles": len(tiles), "model": float(model_bpd.mean()), "seed_tile": float(seed_tile.mean()),
