@@ -360,9 +360,7 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
 
     def evaluate(idx: np.ndarray) -> np.ndarray:
         xb = torch.from_numpy(tiles_at(idx)).to(device)
-        deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
-        terms = likelihood.bound_terms(model.model, xb, deq, n_t=FALLBACK_N_T, generator=gen)
-        return terms["bpd_with"].double().cpu().numpy()
+        return likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=FALLBACK_N_T, generator=gen).double().cpu().numpy()
 
     activity = np.concatenate([tile_activity(tiles_at(range(s, min(s + 64, len(refs))))) for s in range(0, len(refs), 64)])
     return sequential_mean(evaluate, weights, tiles_like(64, tile), threshold, FALLBACK_Z, np.random.default_rng(0),

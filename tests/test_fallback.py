@@ -149,7 +149,7 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
     evaluate_images pads them."""
     from scoreflow_codec import likelihood
     monkeypatch.setattr(likelihood, "bound_terms",
-                        lambda m, x, deq, n_t, generator: {"bpd_with": x.double().mean((1, 2, 3))})
+                        lambda m, x, deq, n_t, generator, **kw: {"bpd_with": x.double().mean((1, 2, 3))})
     arrs = [_gradient(40, 72), _gradient(100, 33), (np.arange(105) % 256).reshape(7, 5, 3).astype(np.uint8)]
     e = api.estimate_model_bpd([images.from_array(a) for a in arrs], model, 32)
     per_image = [api.image_tiles(a, 32).astype(np.float64).mean() for a in arrs]
