@@ -52,10 +52,17 @@ class LoadedModel:
     chain_steps: int | None = None  # the chain mode's steps by default (None: ChainSettings'; set as the tile is)
 
 
-def codec_defaults(tile: int | None = None, chain_steps: int | None = None) -> dict:
-    """The "codec" entry of a model file's config: the given defaults, checked against the ranges."""
+def codec_defaults(entry) -> dict:
+    """The "codec" entry of a model file's config, checked: an object whose "tile" and
+    "chain_steps" (each optional) are integers in their ranges; returns those that are set.
+    Anything else is a ValueError naming what is wrong (other keys are ignored, for newer writers)."""
+    if entry is None:
+        return {}
+    if not isinstance(entry, dict):
+        raise ValueError(f"codec must be an object, not {entry!r}")
     out = {}
-    for key, v, (lo, hi) in (("tile", tile, TILE_RANGE), ("chain_steps", chain_steps, STEPS_RANGE)):
+    for key, (lo, hi) in (("tile", TILE_RANGE), ("chain_steps", STEPS_RANGE)):
+        v = entry.get(key)
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -83,7 +90,7 @@ def save_model(path: str | os.PathLike, model: ScoreModel, dequantizer: Dequanti
         raise ValueError(f"dtype must be 'float32' or 'float16', not {dtype!r}")
     config = dict(config or {})
     if config.get("codec") is not None:
-        config["codec"] = codec_defaults(**{k: config["codec"].get(k) for k in ("tile", "chain_steps")})
+        config["codec"] = codec_defaults(config["codec"])
     full = model_config(model, dequantizer, config.get("preset"), {**config.get("info", {}), **(metadata or {})})
     for k in ("sde", "unet", "precond", "dequant"):
         if k in config and json.loads(json.dumps(config[k])) != json.loads(json.dumps(full[k])):
@@ -173,10 +180,11 @@ def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -
         model = ScoreModel(UNet(UNetConfig.from_dict(config["unet"])), make_sde(SDEConfig.from_dict(config["sde"])),
                            PrecondConfig.from_dict(config.get("precond")))
         dequantizer = make_dequantizer(DequantConfig.from_dict(config["dequant"]))
-        codec = config.get("codec") or {}
-        if not isinstance(codec, dict):
-            raise TypeError(f"codec must be an object, not {codec!r}")
-        codec = codec_defaults(codec.get("tile"), codec.get("chain_steps"))
+        codec = codec_defaults(config.get("codec"))
+        # the name the file records: info's (older exports wrote it at the top level)
+        name = (config.get("info") or {}).get("name") or config.get("name")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a string, not {name!r}")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ModelError(f"{p}: bad model config ({e.__class__.__name__}: {e})") from None
     try:
@@ -203,6 +211,6 @@ def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -
 
     model.to(device).eval()
     dequantizer.to(device).eval()
-    name = str(config.get("info", {}).get("name") or Path(p.name.removesuffix(".xz")).stem)
+    name = name or Path(p.name.removesuffix(".xz")).stem
     return LoadedModel(name, hashlib.sha256(data).hexdigest(), config, model, dequantizer, model.sde,
                        tile=codec.get("tile", 32), chain_steps=codec.get("chain_steps"))

@@ -145,6 +145,10 @@ def _bad_files(tmp_path):
             {**json.loads(m["config"]), "codec": {"tile": 4}})}), "codec tile must be an integer in [8, 256]"),
         "codec_type": (_rewrite(good, tmp_path / "t.st", meta=lambda m: {**m, "config": json.dumps(
             {**json.loads(m["config"]), "codec": [64]})}), "codec must be an object"),
+        "name_type": (_rewrite(good, tmp_path / "nt.st", meta=lambda m: {**m, "config": json.dumps(
+            {**json.loads(m["config"]), "info": {"name": 7}})}), "name must be a string"),
+        "info_type": (_rewrite(good, tmp_path / "it.st", meta=lambda m: {**m, "config": json.dumps(
+            {**json.loads(m["config"]), "info": [1]})}), "bad model config"),
         "shape": (_rewrite(good, tmp_path / "s.st",
                            tensors=lambda t: {**t, "model.net.conv_in.bias": torch.zeros(5)}), "shape"),
     }
@@ -171,10 +175,24 @@ def test_a_file_may_carry_its_coding_defaults(tmp_path, monkeypatch):
     lm = zoo.load_model("p")
     assert (lm.tile, lm.chain_steps) == (48, 96)  # the entry's tile, the file's steps (the entry has none)
 
-    for bad in ({"tile": 4}, {"tile": 64.0}, {"chain_steps": 1}, {"tile": True}):
+    for bad in ({"tile": 4}, {"tile": 64.0}, {"chain_steps": 1}, {"tile": True}, [64], 64):
         with pytest.raises(ValueError, match="codec"):
             save_model(tmp_path / "bad.safetensors", model, deq, {"codec": bad})
     assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_the_name_a_file_records(tmp_path):
+    """info's name is the loaded name; a file exported before it moved there (a top-level "name")
+    still loads by its recorded name, not the file's stem; with none, the stem."""
+    good = _good(tmp_path)
+    assert load_model_file(good).name == "good"
+    for where, path in (("info", "a.st"), ("top", "b.st")):
+        def meta(m, where=where):
+            c = json.loads(m["config"])
+            c.setdefault("info", {}).pop("name", None)
+            (c["info"] if where == "info" else c)["name"] = "mine"
+            return {**m, "config": json.dumps(c)}
+        assert load_model_file(_rewrite(good, tmp_path / path, meta=meta)).name == "mine"
 
 
 def test_xz_compressed_file_is_the_same_model(tmp_path):
