@@ -71,6 +71,8 @@ CASES = {
     "cifar10-x12": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.6: the photo model of 0.9.6, float16 weights (0.9.5's is photo-2 in the zoo now)
     "photo-x2": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
+    # 0.9.7: the cifar10 model of 0.9.7 (0.9.5's and 0.9.6's is cifar10-11 in the zoo now)
+    "cifar10-x13": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
 }
 
 
