@@ -83,14 +83,16 @@ def save_model(path: str | os.PathLike, model: ScoreModel, dequantizer: Dequanti
                metadata: dict | None = None, dtype: str = "float32") -> str:
     """Write the model file atomically (temp file + rename); return its sha256 (hex).
 
-    `config` may carry "preset" and "info" (and sde/unet/precond/dequant, which must then match
-    the modules); `metadata` entries are merged into config["info"].
+    `config` may carry "preset", "info" and "codec" (the coding defaults, see codec_defaults; and
+    sde/unet/precond/dequant, which must then match the modules); `metadata` entries are merged
+    into config["info"].
     """
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be 'float32' or 'float16', not {dtype!r}")
     config = dict(config or {})
-    if config.get("codec") is not None:
-        config["codec"] = codec_defaults(config["codec"])
+    codec = codec_defaults(config.pop("codec", None))  # checked; written only where it sets something
+    if codec:
+        config["codec"] = codec
     full = model_config(model, dequantizer, config.get("preset"), {**config.get("info", {}), **(metadata or {})})
     for k in ("sde", "unet", "precond", "dequant"):
         if k in config and json.loads(json.dumps(config[k])) != json.loads(json.dumps(full[k])):

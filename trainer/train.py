@@ -318,10 +318,7 @@ def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str 
     if calib_images > 0:
         info["eps_mse"] = calibrate(model, state["config"]["data"], calib_images)
     info["name"] = name or Path(path).stem  # the name the codec loads it as (modelfile reads info's)
-    config = {"preset": mconfig["preset"], "info": info}
-    codec = modelfile.codec_defaults({"tile": tile, "chain_steps": chain_steps})
-    if codec:
-        config["codec"] = codec
+    config = {"preset": mconfig["preset"], "info": info, "codec": {"tile": tile, "chain_steps": chain_steps}}
     return modelfile.save_model(path, model, dequant, config, dtype=dtype)
 
 
