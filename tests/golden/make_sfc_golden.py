@@ -73,6 +73,8 @@ CASES = {
     "photo-x2": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
     # 0.9.7: the cifar10 model of 0.9.7 (0.9.5's and 0.9.6's is cifar10-11 in the zoo now)
     "cifar10-x13": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
+    # 0.9.8: the photo model of 0.9.8 (0.9.6's and 0.9.7's is photo-3 in the zoo now)
+    "photo-x3": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
 }
 
 
