@@ -1,16 +1,25 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Two cores on CI, and pytest-xdist runs a worker per core (pyproject's addopts): each worker gets
+# its share of the cores, and so do the processes its tests start (bench/run.py, the CLI, torchrun)
+# through OMP_NUM_THREADS. Torch's OpenMP threads spin-wait by default, and a contended core makes
+# every op ~10-100x slower: the tests that run several threads on purpose (a file decodes at any
+# thread count) wait passively instead. Both are read when torch loads, so before the import.
+# SFC_TEST_THREADS=1 when the machine is busy with something else.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+TEST_THREADS = int(os.environ.get("SFC_TEST_THREADS", max(1, min(2, (os.cpu_count() or 1) // _WORKERS))))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SFC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
-# Two cores on CI: keep torch from oversubscribing them when several tests spawn processes.
-# SFC_TEST_THREADS=1 when the machine is busy with something else (torch's worker threads
-# spin-wait, and a contended second core makes every op ~100x slower).
-torch.set_num_threads(int(os.environ.get("SFC_TEST_THREADS", max(1, min(2, os.cpu_count() or 1)))))
+torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(scope="session")
