@@ -251,13 +251,56 @@ class ExactConv:
         # the activations' grid leaves SUM_BITS - e_l1 bits: every partial sum < 2^SUM_BITS
         a_int, g = to_grid(a, SUM_BITS - self.e_l1)
         if a.dim() == 4:
-            y = F.conv2d(a_int, self.w_int, None, self.stride, self.padding)
+            y = int_conv2d(a_int, self.w_int, self.stride, self.padding)
         else:
             y = F.linear(a_int, self.w_int)
         y.mul_(_per_sample(pow2(-(g + self.shift)), y.dim()))  # exact: a power of two
         if self.bias is not None:
             y.add_(self.bias.view(1, -1, 1, 1) if y.dim() == 4 else self.bias)
         return y
+
+
+_CONV_BLOCK = 4096  # output columns per block of int_conv2d (measured best of 1k - 8k, AVX2 EPYC)
+
+
+def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tensor:
+    """F.conv2d(a, w, None, stride, padding) for float64 tensors of integers whose every partial
+    sum stays below 2^53: the same numbers, since such sums are exact in any order.
+
+    torch has no fast float64 convolution on the CPU (its fallback unfolds every sample into a
+    [C k k, H W] matrix first). Here each kernel tap is one matrix product over the whole batch:
+    the zero-padded input, channels first, is one [C, N Hp Wp] matrix, and tap (dy, dx) reads it
+    shifted by dy Wp + dx columns, so out[:, q] += w[:, :, dy, dx] @ x[:, q + shift] computes every
+    output position q (and some border positions, dropped after), in blocks of columns that stay
+    in the cache through the taps. A stride s reads the input's s x s phases (x[.., ry::s, rx::s])
+    instead, each a stride-1 grid. 2.7 - 4.8x faster than F.conv2d on a batch of 8 64x64 tiles
+    with 24 - 72 channels, 1.1 - 1.6x on 16x16 - 32x32 (AVX2 EPYC, one thread)."""
+    n, c, h, wd = a.shape
+    o, _, kh, kw = w.shape
+    s, p = stride, padding
+    hp, wp = h + 2 * p, wd + 2 * p
+    if kh * kw == 1 and s == 1 or hp % s or wp % s or hp < kh or wp < kw:
+        return F.conv2d(a, w, None, s, p)  # a 1x1 convolution is a single matrix product there
+    ho, wo = (hp - kh) // s + 1, (wp - kw) // s + 1
+    hq, wq = hp // s, wp // s
+    x = a.new_zeros(c, n, hp, wp)
+    x[:, :, p:p + h, p:p + wd] = a.transpose(0, 1)
+    if s == 1:
+        phases = {(0, 0): x.view(c, n * hq * wq)}
+    else:
+        phases = {(ry, rx): x[:, :, ry::s, rx::s].reshape(c, n * hq * wq)
+                  for ry in range(min(s, kh)) for rx in range(min(s, kw))}
+    m = n * hq * wq
+    last = m - ((kh - 1) // s * wq + (kw - 1) // s)  # positions past it are never valid outputs
+    out = a.new_zeros(o, m)
+    wt = w.permute(2, 3, 0, 1).contiguous()  # [kh, kw, O, C]: each tap's matrix contiguous
+    taps = [(wt[dy, dx], phases[dy % s, dx % s], dy // s * wq + dx // s) for dy in range(kh) for dx in range(kw)]
+    for j in range(0, last, _CONV_BLOCK):  # column blocks that stay in the cache through all taps
+        e = min(j + _CONV_BLOCK, last)
+        acc = out[:, j:e]
+        for wk, xs, shift in taps:
+            acc.addmm_(wk, xs[:, j + shift:e + shift])
+    return out.view(o, n, hq, wq)[:, :, :ho, :wo].transpose(0, 1).contiguous()
 
 
 def _ceil_log2(k: int) -> int:

@@ -128,11 +128,32 @@ def test_exact_conv_is_the_integer_convolution(stride):
     a_int, gexp = em.to_grid(a, em.SUM_BITS - ex.e_l1)
     ref = _int_conv_reference(a_int.numpy().astype(np.int64), ex.w_int.numpy().astype(np.int64), stride, 1)
     assert np.abs(ref).max() < 2 ** em.SUM_BITS
-    got = F.conv2d(a_int, ex.w_int, None, stride, 1)
+    got = em.int_conv2d(a_int, ex.w_int, stride, 1)
     assert np.array_equal(got.numpy().astype(np.int64), ref)
     # and the scaled result is close to the float64 convolution
     y = ex(a)
     assert torch.allclose(y, F.conv2d(a, conv.weight.double(), conv.bias.double(), stride, 1), rtol=1e-5, atol=1e-5 * 300)
+
+
+@pytest.mark.parametrize("shape", [
+    (2, 3, 50, 50, 5, 3, 1, 1),   # 2 x 52 x 52 padded positions: more than one column block
+    (3, 6, 8, 10, 4, 3, 2, 1),    # stride 2 from the input's phases
+    (2, 4, 9, 9, 3, 2, 2, 0),     # an even kernel, stride 2
+    (2, 5, 7, 6, 4, 3, 1, 0),     # no padding, odd sizes
+    (1, 2, 6, 6, 3, 5, 1, 2),     # a 5x5 kernel
+    (2, 4, 9, 10, 3, 3, 2, 1),    # odd padded height with stride 2: torch's convolution
+    (2, 7, 5, 5, 6, 1, 1, 0),     # 1x1: torch's convolution
+])
+def test_int_conv2d_is_the_integer_convolution(shape):
+    """int_conv2d (one matrix product per kernel tap over the batch) against the int64 reference."""
+    n, c, h, w, o, k, stride, padding = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    a = torch.randint(-2 ** 21, 2 ** 21, (n, c, h, w), generator=g)
+    wt = torch.randint(-2 ** 21, 2 ** 21, (o, c, k, k), generator=g)
+    ref = _int_conv_reference(a.numpy(), wt.numpy(), stride, padding)
+    assert np.abs(ref).max() > 2 ** 40  # sums far beyond float32's 2^24, still exact in float64
+    got = em.int_conv2d(a.double(), wt.double(), stride, padding)
+    assert got.is_contiguous() and np.array_equal(got.numpy().astype(np.int64), ref)
 
 
 @pytest.mark.parametrize("bounded", [False, True])
