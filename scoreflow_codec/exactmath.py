@@ -283,7 +283,9 @@ def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tenso
         return F.conv2d(a, w, None, s, p)  # a 1x1 convolution is a single matrix product there
     ho, wo = (hp - kh) // s + 1, (wp - kw) // s + 1
     hq, wq = hp // s, wp // s
-    x = a.new_zeros(c, n, hp, wp)
+    x = a.new_empty(c, n, hp, wp)
+    if p:  # zero only the border
+        x[:, :, :p].zero_(), x[:, :, hp - p:].zero_(), x[:, :, :, :p].zero_(), x[:, :, :, wp - p:].zero_()
     x[:, :, p:p + h, p:p + wd] = a.transpose(0, 1)
     if s == 1:
         phases = {(0, 0): x.view(c, n * hq * wq)}
@@ -292,14 +294,14 @@ def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tenso
                   for ry in range(min(s, kh)) for rx in range(min(s, kw))}
     m = n * hq * wq
     last = m - ((kh - 1) // s * wq + (kw - 1) // s)  # positions past it are never valid outputs
-    out = a.new_zeros(o, m)
+    out = a.new_empty(o, m)  # columns from `last` on are never written nor read
     wt = w.permute(2, 3, 0, 1).contiguous()  # [kh, kw, O, C]: each tap's matrix contiguous
     taps = [(wt[dy, dx], phases[dy % s, dx % s], dy // s * wq + dx // s) for dy in range(kh) for dx in range(kw)]
     for j in range(0, last, _CONV_BLOCK):  # column blocks that stay in the cache through all taps
         e = min(j + _CONV_BLOCK, last)
         acc = out[:, j:e]
-        for wk, xs, shift in taps:
-            acc.addmm_(wk, xs[:, j + shift:e + shift])
+        for i, (wk, xs, shift) in enumerate(taps):
+            acc.addmm_(wk, xs[:, j + shift:e + shift], beta=1 if i else 0)  # beta 0: acc's content ignored
     return out.view(o, n, hq, wq)[:, :, :ho, :wo].transpose(0, 1).contiguous()
 
 
