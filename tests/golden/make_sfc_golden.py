@@ -75,6 +75,8 @@ CASES = {
     "cifar10-x13": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--steps", "16"]),
     # 0.9.8: the photo model of 0.9.8 (0.9.6's and 0.9.7's is photo-3 in the zoo now)
     "photo-x3": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
+    # 0.9.9: the photo model of 0.9.9 (0.9.8's is photo-4 in the zoo now)
+    "photo-x4": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
 }
 
 
