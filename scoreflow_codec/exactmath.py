@@ -221,8 +221,13 @@ def to_grid(a: Tensor, budget_bits: Tensor | int) -> tuple[Tensor, Tensor]:
     """Round every sample of `a` to the grid 2^-g, g chosen per sample so that its largest value
     has at most `budget_bits` bits: returns (integers, g). Per sample, so that neither the batch
     nor its padding can change a sample's result."""
-    g = (torch.as_tensor(budget_bits) - exponent(abs_max(a))).clamp(-1000, 1000)
+    g = grid_exponent(a, budget_bits)
     return (a * _per_sample(pow2(g), a.dim())).round_(), g
+
+
+def grid_exponent(a: Tensor, budget_bits: Tensor | int) -> Tensor:
+    """to_grid's per-sample exponent g."""
+    return (torch.as_tensor(budget_bits) - exponent(abs_max(a))).clamp(-1000, 1000)
 
 
 def abs_max(a: Tensor) -> Tensor:
@@ -249,15 +254,25 @@ class ExactConv:
 
     def __call__(self, a: Tensor) -> Tensor:
         # the activations' grid leaves SUM_BITS - e_l1 bits: every partial sum < 2^SUM_BITS
-        a_int, g = to_grid(a, SUM_BITS - self.e_l1)
-        if a.dim() == 4:
-            y = int_conv2d(a_int, self.w_int, self.stride, self.padding)
+        g = grid_exponent(a, SUM_BITS - self.e_l1)
+        if a.dim() == 4 and _taps_apply(a.shape, self.w_int.shape, self.stride, self.padding):
+            # round straight into int_conv2d's padded buffer, and scale (+ bias) straight out of
+            # its result: the same operations as to_grid / F.conv2d / mul / add, fewer copies
+            x = _padded(a.shape, self.padding, a)
+            inner = _interior(x, a.shape, self.padding)
+            torch.mul(a.transpose(0, 1), pow2(g).view(1, -1, 1, 1), out=inner).round_()
+            y = _conv_taps(x, self.w_int, self.stride, a.shape).transpose(0, 1)  # [N, O, Ho, Wo], a view
+            out = torch.empty(y.shape, dtype=F64)
         else:
-            y = F.linear(a_int, self.w_int)
-        y.mul_(_per_sample(pow2(-(g + self.shift)), y.dim()))  # exact: a power of two
-        if self.bias is not None:
-            y.add_(self.bias.view(1, -1, 1, 1) if y.dim() == 4 else self.bias)
-        return y
+            a_int = (a * _per_sample(pow2(g), a.dim())).round_()
+            y = F.conv2d(a_int, self.w_int, None, self.stride, self.padding) if a.dim() == 4 else F.linear(a_int, self.w_int)
+            out = y
+        # y 2^-(g + shift) is exact (a power of two), so adding the bias in the same kernel rounds
+        # once, as y * s + bias in two kernels does, fused multiply-add or not
+        s = _per_sample(pow2(-(g + self.shift)), y.dim())
+        if self.bias is None:
+            return torch.mul(y, s, out=out)
+        return torch.addcmul(self.bias.view(1, -1, 1, 1) if y.dim() == 4 else self.bias, y, s, out=out)
 
 
 _CONV_BLOCK = 4096  # output columns per block of int_conv2d (measured best of 1k - 8k, AVX2 EPYC)
@@ -275,18 +290,41 @@ def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tenso
     in the cache through the taps. A stride s reads the input's s x s phases (x[.., ry::s, rx::s])
     instead, each a stride-1 grid. 2.7 - 4.8x faster than F.conv2d on a batch of 8 64x64 tiles
     with 24 - 72 channels, 1.3 - 3.7x on 16x16 - 32x32 (AVX2 EPYC, one thread; docs/RESULTS.md)."""
-    n, c, h, wd = a.shape
-    o, _, kh, kw = w.shape
-    s, p = stride, padding
+    if not _taps_apply(a.shape, w.shape, stride, padding):
+        return F.conv2d(a, w, None, stride, padding)
+    x = _padded(a.shape, padding, a)
+    _interior(x, a.shape, padding).copy_(a.transpose(0, 1))
+    return _conv_taps(x, w, stride, a.shape).transpose(0, 1).contiguous()
+
+
+def _taps_apply(a_shape, w_shape, s: int, p: int) -> bool:
+    """Whether int_conv2d's taps run (else F.conv2d: a 1x1 convolution is a single matrix
+    product there, and odd strided or too-small inputs are rare)."""
+    kh, kw = w_shape[2:]
+    hp, wp = a_shape[2] + 2 * p, a_shape[3] + 2 * p
+    return not (kh * kw == 1 and s == 1 or hp % s or wp % s or hp < kh or wp < kw)
+
+
+def _padded(a_shape, p: int, like: Tensor) -> Tensor:
+    """An uninitialised [C, N, H + 2p, W + 2p] buffer with a zero border."""
+    n, c, h, wd = a_shape
     hp, wp = h + 2 * p, wd + 2 * p
-    if kh * kw == 1 and s == 1 or hp % s or wp % s or hp < kh or wp < kw:
-        return F.conv2d(a, w, None, s, p)  # a 1x1 convolution is a single matrix product there
-    ho, wo = (hp - kh) // s + 1, (wp - kw) // s + 1
-    hq, wq = hp // s, wp // s
-    x = a.new_empty(c, n, hp, wp)
+    x = like.new_empty(c, n, hp, wp)
     if p:  # zero only the border
         x[:, :, :p].zero_(), x[:, :, hp - p:].zero_(), x[:, :, :, :p].zero_(), x[:, :, :, wp - p:].zero_()
-    x[:, :, p:p + h, p:p + wd] = a.transpose(0, 1)
+    return x
+
+
+def _interior(x: Tensor, a_shape, p: int) -> Tensor:
+    return x[:, :, p:p + a_shape[2], p:p + a_shape[3]]
+
+
+def _conv_taps(x: Tensor, w: Tensor, s: int, a_shape) -> Tensor:
+    """The convolution of the padded [C, N, Hp, Wp] input x: [O, N, Ho, Wo] (a view)."""
+    c, n, hp, wp = x.shape
+    o, _, kh, kw = w.shape
+    ho, wo = (hp - kh) // s + 1, (wp - kw) // s + 1
+    hq, wq = hp // s, wp // s
     if s == 1:
         phases = {(0, 0): x.view(c, n * hq * wq)}
     else:
@@ -294,7 +332,7 @@ def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tenso
                   for ry in range(min(s, kh)) for rx in range(min(s, kw))}
     m = n * hq * wq
     last = m - ((kh - 1) // s * wq + (kw - 1) // s)  # positions past it are never valid outputs
-    out = a.new_empty(o, m)  # columns from `last` on are never written nor read
+    out = x.new_empty(o, m)  # columns from `last` on are never written nor read
     wt = w.permute(2, 3, 0, 1).contiguous()  # [kh, kw, O, C]: each tap's matrix contiguous
     taps = [(wt[dy, dx], phases[dy % s, dx % s], dy // s * wq + dx // s) for dy in range(kh) for dx in range(kw)]
     for j in range(0, last, _CONV_BLOCK):  # column blocks that stay in the cache through all taps
@@ -302,7 +340,7 @@ def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tenso
         acc = out[:, j:e]
         for i, (wk, xs, shift) in enumerate(taps):
             acc.addmm_(wk, xs[:, j + shift:e + shift], beta=1 if i else 0)  # beta 0: acc's content ignored
-    return out.view(o, n, hq, wq)[:, :, :ho, :wo].transpose(0, 1).contiguous()
+    return out.view(o, n, hq, wq)[:, :, :ho, :wo]
 
 
 def _ceil_log2(k: int) -> int:

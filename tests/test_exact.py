@@ -117,22 +117,36 @@ def _int_conv_reference(a_int: np.ndarray, w_int: np.ndarray, stride: int, paddi
     return out
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_exact_conv_is_the_integer_convolution(stride):
+@pytest.mark.parametrize("stride,k,bias", [(1, 3, True), (2, 3, True), (1, 3, False), (1, 1, True)])
+def test_exact_conv_is_the_integer_convolution(stride, k, bias):
     g = torch.Generator().manual_seed(4)
-    conv = torch.nn.Conv2d(6, 5, 3, stride=stride, padding=1)
+    conv = torch.nn.Conv2d(6, 5, k, stride=stride, padding=k // 2, bias=bias)
     with torch.no_grad():
         conv.weight.mul_(40.0)  # large weights: the activation grid shrinks to keep sums exact
     ex = em.ExactConv.of(conv)
     a = torch.randn(3, 6, 9, 10, dtype=F64, generator=g) * torch.tensor([1.0, 1e-3, 300.0])[:, None, None, None]
     a_int, gexp = em.to_grid(a, em.SUM_BITS - ex.e_l1)
-    ref = _int_conv_reference(a_int.numpy().astype(np.int64), ex.w_int.numpy().astype(np.int64), stride, 1)
+    ref = _int_conv_reference(a_int.numpy().astype(np.int64), ex.w_int.numpy().astype(np.int64), stride, k // 2)
     assert np.abs(ref).max() < 2 ** em.SUM_BITS
-    got = em.int_conv2d(a_int, ex.w_int, stride, 1)
+    got = em.int_conv2d(a_int, ex.w_int, stride, k // 2)
     assert np.array_equal(got.numpy().astype(np.int64), ref)
-    # and the scaled result is close to the float64 convolution
+    # ExactConv (which rounds into int_conv2d's buffer and scales out of it) is exactly that
+    # integer result times 2^-(g + shift), plus the bias: one rounding, in the addition
     y = ex(a)
-    assert torch.allclose(y, F.conv2d(a, conv.weight.double(), conv.bias.double(), stride, 1), rtol=1e-5, atol=1e-5 * 300)
+    want = ref.astype(np.float64) * em.pow2(-(gexp + ex.shift)).numpy()[:, None, None, None]
+    if bias:
+        want = want + conv.bias.detach().double().numpy()[None, :, None, None]
+    assert y.is_contiguous() and np.array_equal(y.numpy(), want)
+    # and close to the float64 convolution
+    b = conv.bias.double() if bias else None
+    assert torch.allclose(y, F.conv2d(a, conv.weight.double(), b, stride, k // 2), rtol=1e-5, atol=1e-5 * 300)
+
+
+def test_exact_upsampling_is_nearest_interpolation():
+    from scoreflow_codec.models.exact import _resample
+
+    x = torch.randn(2, 3, 4, 5, dtype=F64)
+    assert torch.equal(_resample(x, "up"), F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 @pytest.mark.parametrize("shape", [
