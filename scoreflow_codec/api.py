@@ -150,6 +150,37 @@ def _build_codec(model, mode: str, settings: dict, micro_batch: int, device: str
                             _eps_mse(model), arith)
 
 
+_MALLOC_KEEP = 256 << 20
+
+
+def _keep_freed_memory() -> None:
+    """Ask glibc's malloc to keep freed blocks for reuse (once per process; elsewhere a no-op).
+
+    By default glibc serves every allocation above a threshold (128 KiB at first, adapting up to
+    32 MiB) with its own mmap and gives the heap's freed top back to the system, so that the next
+    activation tensor of the same size is page-faulted in and zeroed again: about 12,800 page
+    faults per exact forward of `photo` on 2 tiles of 64px, 1,200 with this. It does not change
+    a single bit of the results; the process keeps up to _MALLOC_KEEP of freed memory."""
+    global _MALLOC_KEEP
+    if not _MALLOC_KEEP:
+        return
+    keep, _MALLOC_KEEP = _MALLOC_KEEP, 0
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() != "Linux":
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest allowed value on 64-bit systems
+    mallopt(M_TRIM_THRESHOLD, keep)
+
+
 @contextlib.contextmanager
 def _model_run(threads: int | None):
     """Where a model codes: torch's deterministic algorithms and, where given, this many threads (the
@@ -158,6 +189,7 @@ def _model_run(threads: int | None):
 
     from .coding.evaluator import deterministic_torch
 
+    _keep_freed_memory()
     prev = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
