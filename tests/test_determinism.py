@@ -348,6 +348,29 @@ def test_default_micro_batch_keeps_pixels_per_call():
     assert [api.default_micro_batch(t) for t in (8, 16, 32, 64, 128, 256)] == [128, 32, 8, 2, 1, 1]
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_evaluator_calls(exact):
+    """float32 forwards run in zero-padded micro-batches (their kernels may depend on the batch);
+    exact ones, which no batch changes, on the rows alone, about EXACT_CHUNK_PIXELS per call."""
+    from scoreflow_codec.coding.evaluator import EXACT_CHUNK_PIXELS, Evaluator
+
+    calls = []
+
+    def fn(x, t):
+        calls.append((x.shape[0], t.shape[0], x.dtype))
+        return x * t.view(-1, 1, 1, 1)
+    ev = Evaluator(fn, micro_batch=2, exact=exact)
+    tile = 64
+    per_call = max(2, EXACT_CHUNK_PIXELS // tile ** 2) if exact else 2
+    rows = per_call + 1
+    x = np.random.default_rng(0).normal(size=(rows, 3, tile, tile))
+    np.testing.assert_allclose(ev(x, 0.5), 0.5 * x, atol=2.0 ** -20)
+    if exact:
+        assert calls == [(per_call, per_call, torch.float64), (1, 1, torch.float64)]
+    else:
+        assert calls == [(2, 2, torch.float32)] * (rows // 2 + 1)
+
+
 def test_deterministic_torch_sets_and_restores_without_loading_inductor():
     """Coding runs under torch's deterministic algorithms (warn only); the caller's setting comes
     back after, and the switch does not import torch._inductor (seconds of every CLI run: it is
