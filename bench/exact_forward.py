@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import machine_info, model_options  # noqa: E402
+
 
 def best_of(fn, repeat: int) -> float:
     fn()
@@ -129,18 +131,14 @@ def time_forward(ex, batches: list[int], tile: int, repeat: int) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="photo", help="zoo name or model file (default: photo)")
-    ap.add_argument("--tile", type=int, default=None, help="tile size (default: the model's)")
+    model_options(ap)
     ap.add_argument("--batches", default="1,2,4,8", help="batch sizes of the forward timings")
     ap.add_argument("--conv-batch", type=int, default=8, help="batch of the convolution timings (0: skip them)")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
 
     import torch
 
-    from bench.report import machine_info
     from scoreflow_codec import api, zoo
     from scoreflow_codec.errors import SfcError
     from scoreflow_codec.models.exact import exact_model

@@ -189,6 +189,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def model_options(ap, default: str = "photo") -> None:
+    """The options of the scripts that time or evaluate one model: --model, --tile, --threads, --json."""
+    ap.add_argument("--model", default=default, help=f"zoo name or model file (default: {default})")
+    ap.add_argument("--tile", type=int, default=None, help="tile size (default: the model's)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+
+
 def machine_info() -> dict:
     info = {
         "cpu": _cpu_model(), "cores": os.cpu_count(), "os": platform.platform(),

@@ -30,6 +30,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import model_options  # noqa: E402
+
 
 def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 0) -> dict:
     """The three costs of one RGB image (module docstring), per tile and in all."""
@@ -60,11 +62,8 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("images", nargs="+", type=Path, help="RGB images (PNG etc.)")
-    ap.add_argument("--model", default="photo", help="zoo name or model file (default: photo)")
-    ap.add_argument("--tile", type=int, default=None, help="tile size (default: the model's)")
+    model_options(ap)
     ap.add_argument("--n-t", type=int, default=16, help="time samples per tile of the bound")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
 
     import torch

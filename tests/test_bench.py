@@ -290,3 +290,29 @@ def test_tile_gap(tmp_path, capsys):
     assert "a.png" in capsys.readouterr().out
     assert tile_gap([str(tmp_path / "g.png"), "--model", "cifar10"]) == 2
     assert "not a plain RGB image" in capsys.readouterr().err
+
+
+def test_exact_forward(tmp_path, capsys):
+    """bench/exact_forward.py: every 3x3 convolution of the model's exact forward timed both ways
+    (the two results checked identical inside), the forward's parts adding up to its time, and
+    a clear error for a model that does not exist."""
+    from bench.exact_forward import main as exact_forward
+
+    out = tmp_path / "ef.json"
+    assert exact_forward(["--model", "cifar10", "--tile", "16", "--batches", "1,2", "--conv-batch", "2",
+                          "--repeat", "1", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    convs = r["convolutions"]
+    assert convs and all(c["input"][0] == 2 and c["f_conv2d_ms"] > 0 and c["int_conv2d_ms"] > 0 for c in convs)
+    assert sum(c["calls"] for c in convs) > 10 and any(c["weight"][2] == 3 for c in convs)
+    for key in ("forward_default", "forward_keep"):
+        rows = r[key]
+        assert [row["batch"] for row in rows] == [1, 2]
+        for row in rows:
+            parts = row["parts_s"]
+            assert set(parts) == {"convolutions", "silu", "groupnorm", "rest"}
+            assert min(parts["convolutions"], parts["silu"], parts["groupnorm"]) > 0
+            assert sum(parts.values()) == pytest.approx(row["seconds"])
+    assert "| all of one forward |" in capsys.readouterr().out
+    assert exact_forward(["--model", "no-such-model"]) == 2
+    assert "exact_forward:" in capsys.readouterr().err
