@@ -177,7 +177,7 @@ def _keep_freed_memory() -> None:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest allowed value on 64-bit systems
+    mallopt(M_MMAP_THRESHOLD, 32 << 20)  # the most glibc's own adaptive threshold reaches on 64-bit systems
     mallopt(M_TRIM_THRESHOLD, keep)
 
 

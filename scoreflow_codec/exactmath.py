@@ -261,7 +261,7 @@ class ExactConv:
             x = _padded(a.shape, self.padding, a)
             inner = _interior(x, a.shape, self.padding)
             torch.mul(a.transpose(0, 1), pow2(g).view(1, -1, 1, 1), out=inner).round_()
-            y = _conv_taps(x, self.w_int, self.stride, a.shape).transpose(0, 1)  # [N, O, Ho, Wo], a view
+            y = _conv_taps(x, self.w_int, self.stride).transpose(0, 1)  # [N, O, Ho, Wo], a view
             out = torch.empty(y.shape, dtype=F64)
         else:
             a_int = (a * _per_sample(pow2(g), a.dim())).round_()
@@ -294,7 +294,7 @@ def int_conv2d(a: Tensor, w: Tensor, stride: int = 1, padding: int = 0) -> Tenso
         return F.conv2d(a, w, None, stride, padding)
     x = _padded(a.shape, padding, a)
     _interior(x, a.shape, padding).copy_(a.transpose(0, 1))
-    return _conv_taps(x, w, stride, a.shape).transpose(0, 1).contiguous()
+    return _conv_taps(x, w, stride).transpose(0, 1).contiguous()
 
 
 def _taps_apply(a_shape, w_shape, s: int, p: int) -> bool:
@@ -319,7 +319,7 @@ def _interior(x: Tensor, a_shape, p: int) -> Tensor:
     return x[:, :, p:p + a_shape[2], p:p + a_shape[3]]
 
 
-def _conv_taps(x: Tensor, w: Tensor, s: int, a_shape) -> Tensor:
+def _conv_taps(x: Tensor, w: Tensor, s: int) -> Tensor:
     """The convolution of the padded [C, N, Hp, Wp] input x: [O, N, Ho, Wo] (a view)."""
     c, n, hp, wp = x.shape
     o, _, kh, kw = w.shape
