@@ -222,7 +222,12 @@ def to_grid(a: Tensor, budget_bits: Tensor | int) -> tuple[Tensor, Tensor]:
     has at most `budget_bits` bits: returns (integers, g). Per sample, so that neither the batch
     nor its padding can change a sample's result."""
     g = grid_exponent(a, budget_bits)
-    return (a * _per_sample(pow2(g), a.dim())).round_(), g
+    return on_grid(a, g), g
+
+
+def on_grid(a: Tensor, g: Tensor) -> Tensor:
+    """round(a 2^g), g per sample: to_grid's integers for a given exponent."""
+    return (a * _per_sample(pow2(g), a.dim())).round_()
 
 
 def grid_exponent(a: Tensor, budget_bits: Tensor | int) -> Tensor:
@@ -264,7 +269,7 @@ class ExactConv:
             y = _conv_taps(x, self.w_int, self.stride).transpose(0, 1)  # [N, O, Ho, Wo], a view
             out = torch.empty(y.shape, dtype=F64)
         else:
-            a_int = (a * _per_sample(pow2(g), a.dim())).round_()
+            a_int = on_grid(a, g)
             y = F.conv2d(a_int, self.w_int, None, self.stride, self.padding) if a.dim() == 4 else F.linear(a_int, self.w_int)
             out = y
         # y 2^-(g + shift) is exact (a power of two), so adding the bias in the same kernel rounds

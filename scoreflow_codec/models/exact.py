@@ -96,6 +96,13 @@ def _resample(x: Tensor, mode: str | None) -> Tensor:
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
+def _residual(h: Tensor, x: Tensor, rescale: bool) -> Tensor:
+    """x + h, times 1/sqrt(2) where the block rescales, in h's (a fresh tensor's) memory: IEEE
+    addition commutes, so h + x is x + h bit for bit."""
+    h.add_(x)
+    return h.mul_(_INV_SQRT2) if rescale else h
+
+
 class _ResBlock:
     def __init__(self, b: ResBlock):
         self.resample, self.scale_shift, self.skip_rescale = b.resample, b.scale_shift, b.skip_rescale
@@ -116,8 +123,7 @@ class _ResBlock:
         h = self.conv2(silu(h))
         if self.skip is not None:
             x = self.skip(x)
-        h.add_(x)  # x + h: IEEE addition commutes
-        return h.mul_(_INV_SQRT2) if self.skip_rescale else h
+        return _residual(h, x, self.skip_rescale)
 
 
 class _AttnBlock:
@@ -133,8 +139,7 @@ class _AttnBlock:
         a = e / em.tree_sum(e, -1)[..., None]
         # rows of a sum to 1 (to rounding): every partial sum of a @ v^T is below max|v|
         y = em.exact_bmm(a, v.transpose(1, 2), a_sum_bound=torch.full((n,), 1.0, dtype=F64))  # [n, q, c]
-        y = self.out(y.transpose(1, 2).reshape(n, c, h, w)).add_(x)
-        return y.mul_(_INV_SQRT2) if self.skip_rescale else y
+        return _residual(self.out(y.transpose(1, 2).reshape(n, c, h, w)), x, self.skip_rescale)
 
 
 class _Down:
