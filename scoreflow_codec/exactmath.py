@@ -46,9 +46,11 @@ TRIG_LIMIT = float(2 ** 20)  # |x| above this: sin/cos of the clamped argument (
 
 def _horner(x: Tensor, coeffs: list[float]) -> Tensor:
     """c0 + x (c1 + x (c2 + ...)), coeffs from c0; one multiply and one add per term, unfused."""
-    p = torch.full_like(x, coeffs[-1])
-    for c in reversed(coeffs[:-1]):
-        p = p * x + c
+    if len(coeffs) == 1:
+        return torch.full_like(x, coeffs[0])
+    p = (x * coeffs[-1]).add_(coeffs[-2])  # c x rounds as x c: the same bits as a filled c times x
+    for c in reversed(coeffs[:-2]):
+        p.mul_(x).add_(c)  # in place: each of the dozen passes reads one tensor less, allocates none
     return p
 
 
@@ -68,8 +70,8 @@ def exp(x: Tensor) -> Tensor:
     """e^x (x clamped to [-EXP_LIMIT, EXP_LIMIT]); NaN stays NaN."""
     x = x.to(F64).clamp(-EXP_LIMIT, EXP_LIMIT)
     k = torch.round(x * _INV_LN2)
-    r = (x - k * _LN2_HI) - k * _LN2_LO
-    return _horner(r, _EXP_TAYLOR) * pow2(k)
+    r = x.sub_(k * _LN2_HI).sub_(k * _LN2_LO)  # x is clamp's copy
+    return _horner(r, _EXP_TAYLOR).mul_(pow2(k))
 
 
 def expm1(x: Tensor) -> Tensor:
@@ -170,17 +172,34 @@ def asinh(x: Tensor) -> Tensor:
 
 # --- fixed-order sums -------------------------------------------------------------------------
 def tree_sum(x: Tensor, dim: int = -1) -> Tensor:
-    """Sum over `dim` by pairwise halving: the order depends only on the length."""
+    """Sum over `dim` by pairwise halving: the order depends only on the length. An odd length
+    is padded with one zero (x_i + 0 turns -0 into +0: the sum keeps that add)."""
     x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    if n < 2:
+        return x[..., 0] if n else torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    h = (n + 1) // 2
+    if n % 2:
+        y = x[..., :h].clone()
+        y[..., :n - h].add_(x[..., h:])
+        y[..., h - 1].add_(0.0)
+    else:
+        y = x[..., :h] + x[..., h:]
+    return tree_sum_(y)
+
+
+def tree_sum_(x: Tensor) -> Tensor:
+    """tree_sum over the last dim, computed in x's own memory (x is overwritten): the same adds,
+    in place, none of the halves allocated."""
     n = x.shape[-1]
     if n == 0:
         return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     while n > 1:
+        h = (n + 1) // 2
+        x[..., :n - h].add_(x[..., h:n])
         if n % 2:
-            x = torch.cat([x, torch.zeros_like(x[..., :1])], -1)
-            n += 1
-        x = x[..., : n // 2] + x[..., n // 2:]
-        n //= 2
+            x[..., h - 1].add_(0.0)
+        n = h
     return x[..., 0]
 
 

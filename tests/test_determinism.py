@@ -365,8 +365,16 @@ def test_evaluator_calls(exact):
     rows = per_call + 1
     x = np.random.default_rng(0).normal(size=(rows, 3, tile, tile))
     np.testing.assert_allclose(ev(x, 0.5), 0.5 * x, atol=2.0 ** -20)
-    if exact:
-        assert calls == [(per_call, per_call, torch.float64), (1, 1, torch.float64)]
+    if exact:  # two calls of balanced sizes
+        assert calls == [(rows // 2, rows // 2, torch.float64), (rows - rows // 2, rows - rows // 2, torch.float64)]
+        calls.clear()
+        ev(x[:per_call], 0.5)
+        assert calls == [(per_call, per_call, torch.float64)]
+        calls.clear()
+        n = 2 * per_call + 2
+        ev(np.concatenate([x] * 3)[:n], 0.5)
+        sizes = [c[0] for c in calls]
+        assert len(sizes) == 3 and sum(sizes) == n and max(sizes) <= per_call and max(sizes) - min(sizes) <= 1
     else:
         assert calls == [(2, 2, torch.float32)] * (rows // 2 + 1)
 

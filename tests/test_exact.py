@@ -87,9 +87,12 @@ def test_elementwise_results_do_not_depend_on_layout(fn):
     assert torch.equal(fn(x.reshape(17, 59).t()).t().reshape(-1), whole)
 
 
-def test_tree_sum_is_the_pairwise_order():
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 37, 64, 1001])
+def test_tree_sum_is_the_pairwise_order(n):
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(5, 37, dtype=F64, generator=g) * torch.logspace(-8, 8, 37, dtype=F64)
+    x = torch.randn(5, n, dtype=F64, generator=g) * torch.logspace(-8, 8, n, dtype=F64)
+    x[1] = -0.0  # -0 + -0 = -0, -0 + 0 = +0: the zero an odd length is padded with shows in the sign
+    x[2, ::2] = -0.0
 
     def pairwise(v: list[float]) -> float:  # Python floats: one IEEE rounding per +
         while len(v) > 1:
@@ -99,8 +102,14 @@ def test_tree_sum_is_the_pairwise_order():
             v = [a + b for a, b in zip(v[:h], v[h:])]
         return v[0]
 
-    assert em.tree_sum(x).tolist() == [pairwise(r) for r in x.tolist()]
-    assert em.tree_sum(x.t(), dim=0).tolist() == [pairwise(r) for r in x.tolist()]
+    def bits(t: torch.Tensor) -> list:
+        return [(v, math.copysign(1.0, v)) for v in t.tolist()]
+
+    want = [(v, math.copysign(1.0, v)) for v in (pairwise(r) for r in x.tolist())]
+    assert bits(em.tree_sum(x)) == want
+    assert bits(em.tree_sum(x.t(), dim=0)) == want
+    y = x.clone()
+    assert bits(em.tree_sum_(y)) == want  # in place: the same adds
 
 
 def _int_conv_reference(a_int: np.ndarray, w_int: np.ndarray, stride: int, padding: int) -> np.ndarray:
@@ -196,6 +205,28 @@ def test_exact_bmm_is_the_integer_product(bounded):
 def test_silu_table():
     x = torch.linspace(-60, 60, 200_001, dtype=F64)
     assert float((silu(x) - x * torch.sigmoid(x)).abs().max()) < 3e-8 * 60
+
+
+def test_silu_is_the_table_formula_in_any_chunking(monkeypatch):
+    """SiLU runs in chunks of SILU_CHUNK elements: each element is still clamp, scale, floor, then
+    value[i] + slope[i] f, times x (numpy, one rounding per operation), whatever the chunks."""
+    import scoreflow_codec.models.exact as mx
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 7, 101, dtype=F64, generator=g) * 12
+    x[0, 0, :6] = torch.tensor([math.nan, math.inf, -math.inf, 40.0, -40.0, -0.0], dtype=F64)
+    silu(x[:1, :1, :1])  # builds the table
+    t, xs = mx._SILU, x.numpy()
+    u = np.nan_to_num(np.clip(xs, -mx.SIG_RANGE, mx.SIG_RANGE) * 2.0 ** mx.SIG_STEP_BITS
+                      + mx.SIG_RANGE * 2 ** mx.SIG_STEP_BITS, nan=0.0)
+    i = np.floor(u)
+    f = u - i
+    want = (t.slope.numpy()[i.astype(np.int64)] * f + t.value.numpy()[i.astype(np.int64)]) * xs
+    for chunk in (1 << 16, 1000, 7):
+        monkeypatch.setattr(mx, "SILU_CHUNK", chunk)
+        got = silu(x).numpy()
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+        assert np.array_equal(silu(x.transpose(0, 2)).numpy(), want.transpose(2, 1, 0), equal_nan=True)  # a strided input
 
 
 def _tiny_unet(seed=0):

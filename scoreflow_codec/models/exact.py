@@ -30,6 +30,7 @@ F64 = torch.float64
 # per element, the table 12, and SiLU runs on every activation of the U-Net).
 SIG_RANGE = 32.0
 SIG_STEP_BITS = 10
+SILU_CHUNK = 1 << 16  # elements per chunk: 3 x 512 KB of float64 scratch
 
 
 class _SiluTable:
@@ -44,12 +45,25 @@ class _SiluTable:
         self.slope = torch.cat([v[1:-1] - v[:-2], torch.zeros(1, dtype=F64)])
 
     def __call__(self, x: Tensor) -> Tensor:
-        u = x.clamp(-SIG_RANGE, SIG_RANGE).mul_(float(2 ** SIG_STEP_BITS)).add_(SIG_RANGE * 2 ** SIG_STEP_BITS)
-        i = u.nan_to_num_(0.0).floor()  # a NaN index is undefined (x86 and ARM differ); y stays NaN below
-        f = u.sub_(i)
-        i = i.to(torch.int32).reshape(-1)  # < 2^17; x86 converts float64 to int32 in vectors, to int64 one by one
-        y = self.slope.index_select(0, i).view(x.shape).mul_(f)
-        return y.add_(self.value.index_select(0, i).view(x.shape)).mul_(x)
+        # in chunks that stay in the cache through the dozen passes below (each pass over a whole
+        # activation tensor went to memory); elementwise, so the chunking cannot change a bit
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        xf, of = x.view(-1), out.view(-1)
+        n = xf.numel()
+        m = min(n, SILU_CHUNK)
+        u, i, v = torch.empty(m, dtype=F64), torch.empty(m, dtype=F64), torch.empty(m, dtype=F64)
+        k = torch.empty(m, dtype=torch.int32)  # < 2^17; x86 converts float64 to int32 in vectors, to int64 one by one
+        for j in range(0, n, m):
+            e = min(j + m, n)
+            xs, ys, uj, ij, vj, kj = xf[j:e], of[j:e], u[:e - j], i[:e - j], v[:e - j], k[:e - j]
+            torch.clamp(xs, -SIG_RANGE, SIG_RANGE, out=uj).mul_(float(2 ** SIG_STEP_BITS)).add_(SIG_RANGE * 2 ** SIG_STEP_BITS)
+            torch.floor(uj.nan_to_num_(0.0), out=ij)  # a NaN index is undefined (x86 and ARM differ); y stays NaN below
+            f = uj.sub_(ij)
+            kj.copy_(ij)
+            torch.index_select(self.slope, 0, kj, out=ys).mul_(f)
+            ys.add_(torch.index_select(self.value, 0, kj, out=vj)).mul_(xs)
+        return out
 
 
 _SILU: _SiluTable | None = None
@@ -74,7 +88,7 @@ class _GroupNorm:
         m = g.shape[-1]
         mean = em.tree_sum(g) / m
         d = (g - mean[..., None]).reshape(n, c, h * w)
-        var = em.tree_sum((d * d).reshape(n, self.groups, -1)) / m
+        var = em.tree_sum_((d * d).reshape(n, self.groups, -1)) / m
         inv = 1.0 / torch.sqrt(var + self.eps)                                  # [n, groups]
         scale = inv.repeat_interleave(c // self.groups, dim=1) * self.weight    # [n, c]
         return d.mul_(scale[..., None]).add_(self.bias).reshape(n, c, h, w)
