@@ -227,6 +227,7 @@ def test_silu_is_the_table_formula_in_any_chunking(monkeypatch):
         got = silu(x).numpy()
         assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
         assert np.array_equal(silu(x.transpose(0, 2)).numpy(), want.transpose(2, 1, 0), equal_nan=True)  # a strided input
+    assert silu(x[:0]).shape == (0, 7, 101)
 
 
 def _tiny_unet(seed=0):

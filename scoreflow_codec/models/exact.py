@@ -47,11 +47,11 @@ class _SiluTable:
     def __call__(self, x: Tensor) -> Tensor:
         # in chunks that stay in the cache through the dozen passes below (each pass over a whole
         # activation tensor went to memory); elementwise, so the chunking cannot change a bit
-        x = x.contiguous()
+        x = x.to(F64).contiguous()
         out = torch.empty_like(x)
         xf, of = x.view(-1), out.view(-1)
         n = xf.numel()
-        m = min(n, SILU_CHUNK)
+        m = max(min(n, SILU_CHUNK), 1)
         u, i, v = torch.empty(m, dtype=F64), torch.empty(m, dtype=F64), torch.empty(m, dtype=F64)
         k = torch.empty(m, dtype=torch.int32)  # < 2^17; x86 converts float64 to int32 in vectors, to int64 one by one
         for j in range(0, n, m):
