@@ -225,7 +225,8 @@ def test_silu_is_the_table_formula_in_any_chunking(monkeypatch):
     for chunk in (1 << 16, 1000, 7):
         monkeypatch.setattr(mx, "SILU_CHUNK", chunk)
         got = silu(x).numpy()
-        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+        num = ~np.isnan(want)  # (a NaN's sign bit is the hardware's choice)
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got[num]), np.signbit(want[num]))
         assert np.array_equal(silu(x.transpose(0, 2)).numpy(), want.transpose(2, 1, 0), equal_nan=True)  # a strided input
     assert silu(x[:0]).shape == (0, 7, 101)
 
