@@ -175,17 +175,10 @@ def tree_sum(x: Tensor, dim: int = -1) -> Tensor:
     """Sum over `dim` by pairwise halving: the order depends only on the length. An odd length
     is padded with one zero (x_i + 0 turns -0 into +0: the sum keeps that add)."""
     x = x.movedim(dim, -1)
-    n = x.shape[-1]
-    if n < 2:
-        return x[..., 0] if n else torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
-    h = (n + 1) // 2
-    if n % 2:
-        y = x[..., :h].clone()
-        y[..., :n - h].add_(x[..., h:])
-        y[..., h - 1].add_(0.0)
-    else:
-        y = x[..., :h] + x[..., h:]
-    return tree_sum_(y)
+    n, h = x.shape[-1], x.shape[-1] // 2
+    # x is the caller's: an even length's first halving goes into a new half-size tensor, the
+    # rest (and an odd length, in a copy) in place
+    return tree_sum_(x[..., :h] + x[..., h:] if n % 2 == 0 else x.clone())
 
 
 def tree_sum_(x: Tensor) -> Tensor:
