@@ -63,7 +63,8 @@ _COS_TAYLOR = [(-1) ** n / math.factorial(2 * n) for n in range(10)]
 
 def pow2(k: Tensor) -> Tensor:
     """2.0 ** k for integer-valued k in [-1022, 1023], built from its bits (exact)."""
-    return ((k.to(torch.int64) + 1023) << 52).view(F64)
+    k = k if k.dtype == torch.int64 else k.to(torch.int64)
+    return (k + 1023).bitwise_left_shift_(52).view(F64)
 
 
 def exp(x: Tensor) -> Tensor:
@@ -243,8 +244,8 @@ def on_grid(a: Tensor, g: Tensor) -> Tensor:
 
 
 def grid_exponent(a: Tensor, budget_bits: Tensor | int) -> Tensor:
-    """to_grid's per-sample exponent g."""
-    return (torch.as_tensor(budget_bits) - exponent(abs_max(a))).clamp(-1000, 1000)
+    """to_grid's per-sample exponent g (int64): budget_bits - exponent(max |a|), within +-1000."""
+    return exponent(abs_max(a)).neg_().add_(budget_bits).clamp_(-1000, 1000)
 
 
 def abs_max(a: Tensor) -> Tensor:
@@ -262,6 +263,11 @@ class ExactConv:
         self.w_int, self.shift, self.e_l1 = integer_weights(weight)
         self.bias = None if bias is None else bias.detach().to("cpu", F64)
         self.stride, self.padding = stride, padding
+        # what every call would otherwise rebuild: the grid's bit budget, the bias as it
+        # broadcasts, and int_conv2d's per-tap matrices
+        self.budget = SUM_BITS - self.e_l1
+        self.bias_b = None if self.bias is None else self.bias.view((1, -1) + (1,) * (weight.dim() - 2))
+        self.taps = _tap_matrices(self.w_int) if weight.dim() == 4 else None
 
     @classmethod
     def of(cls, m: torch.nn.Module) -> "ExactConv":
@@ -271,14 +277,15 @@ class ExactConv:
 
     def __call__(self, a: Tensor) -> Tensor:
         # the activations' grid leaves SUM_BITS - e_l1 bits: every partial sum < 2^SUM_BITS
-        g = grid_exponent(a, SUM_BITS - self.e_l1)
+        g = grid_exponent(a, self.budget)
+        view = (-1,) + (1,) * (a.dim() - 1)
         if a.dim() == 4 and _taps_apply(a.shape, self.w_int.shape, self.stride, self.padding):
             # round straight into int_conv2d's padded buffer, and scale (+ bias) straight out of
             # its result: the same operations as to_grid / F.conv2d / mul / add, fewer copies
             x = _padded(a.shape, self.padding, a)
             inner = _interior(x, a.shape, self.padding)
             torch.mul(a.transpose(0, 1), pow2(g).view(1, -1, 1, 1), out=inner).round_()
-            y = _conv_taps(x, self.w_int, self.stride).transpose(0, 1)  # [N, O, Ho, Wo], a view
+            y = _conv_taps(x, self.w_int, self.stride, self.taps).transpose(0, 1)  # [N, O, Ho, Wo], a view
             out = torch.empty(y.shape, dtype=F64)
         else:
             a_int = on_grid(a, g)
@@ -286,10 +293,10 @@ class ExactConv:
             out = y
         # y 2^-(g + shift) is exact (a power of two), so adding the bias in the same kernel rounds
         # once, as y * s + bias in two kernels does, fused multiply-add or not
-        s = _per_sample(pow2(-(g + self.shift)), y.dim())
+        s = pow2(g.neg_().sub_(self.shift)).view(view)  # g is ours: negated in place
         if self.bias is None:
             return torch.mul(y, s, out=out)
-        return torch.addcmul(self.bias.view(1, -1, 1, 1) if y.dim() == 4 else self.bias, y, s, out=out)
+        return torch.addcmul(self.bias_b, y, s, out=out)
 
 
 _CONV_BLOCK = 4096  # output columns per block of int_conv2d (measured best of 1k - 8k, AVX2 EPYC)
@@ -327,7 +334,9 @@ def _padded(a_shape, p: int, like: Tensor) -> Tensor:
     n, c, h, wd = a_shape
     hp, wp = h + 2 * p, wd + 2 * p
     x = like.new_empty(c, n, hp, wp)
-    if p:  # zero only the border
+    if p == 1:  # zero only the border: the first and last rows, then columns, in one view each
+        x[:, :, ::hp - 1].zero_(), x[:, :, :, ::wp - 1].zero_()
+    elif p:
         x[:, :, :p].zero_(), x[:, :, hp - p:].zero_(), x[:, :, :, :p].zero_(), x[:, :, :, wp - p:].zero_()
     return x
 
@@ -336,8 +345,15 @@ def _interior(x: Tensor, a_shape, p: int) -> Tensor:
     return x[:, :, p:p + a_shape[2], p:p + a_shape[3]]
 
 
-def _conv_taps(x: Tensor, w: Tensor, s: int) -> Tensor:
-    """The convolution of the padded [C, N, Hp, Wp] input x: [O, N, Ho, Wo] (a view)."""
+def _tap_matrices(w: Tensor) -> list[Tensor]:
+    """w [O, C, kh, kw] as one contiguous [O, C] matrix per tap, row-major over (dy, dx)."""
+    wt = w.permute(2, 3, 0, 1).contiguous()
+    return [wt[dy, dx] for dy in range(w.shape[2]) for dx in range(w.shape[3])]
+
+
+def _conv_taps(x: Tensor, w: Tensor, s: int, taps_w: list[Tensor] | None = None) -> Tensor:
+    """The convolution of the padded [C, N, Hp, Wp] input x: [O, N, Ho, Wo] (a view); taps_w:
+    `_tap_matrices(w)`, when the caller keeps them."""
     c, n, hp, wp = x.shape
     o, _, kh, kw = w.shape
     ho, wo = (hp - kh) // s + 1, (wp - kw) // s + 1
@@ -350,8 +366,8 @@ def _conv_taps(x: Tensor, w: Tensor, s: int) -> Tensor:
     m = n * hq * wq
     last = m - ((kh - 1) // s * wq + (kw - 1) // s)  # positions past it are never valid outputs
     out = x.new_empty(o, m)  # columns from `last` on are never written nor read
-    wt = w.permute(2, 3, 0, 1).contiguous()  # [kh, kw, O, C]: each tap's matrix contiguous
-    taps = [(wt[dy, dx], phases[dy % s, dx % s], dy // s * wq + dx // s) for dy in range(kh) for dx in range(kw)]
+    taps_w = _tap_matrices(w) if taps_w is None else taps_w
+    taps = [(taps_w[dy * kw + dx], phases[dy % s, dx % s], dy // s * wq + dx // s) for dy in range(kh) for dx in range(kw)]
     for j in range(0, last, _CONV_BLOCK):  # column blocks that stay in the cache through all taps
         e = min(j + _CONV_BLOCK, last)
         acc = out[:, j:e]
