@@ -151,6 +151,22 @@ def test_exact_conv_is_the_integer_convolution(stride, k, bias):
     assert torch.allclose(y, F.conv2d(a, conv.weight.double(), b, stride, k // 2), rtol=1e-5, atol=1e-5 * 300)
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_padded_buffer_zeroes_exactly_its_border(p):
+    """int_conv2d's buffer: new memory (here NaN, as reused memory may hold anything) with a zero
+    border p wide, the interior left for the caller to write."""
+    class Like:
+        def new_empty(self, *shape):
+            return torch.full(shape, float("nan"), dtype=F64)
+
+    x = em._padded((2, 3, 5, 4), p, Like())
+    assert x.shape == (3, 2, 5 + 2 * p, 4 + 2 * p)
+    inner = torch.zeros(x.shape, dtype=torch.bool)
+    inner[:, :, p:p + 5, p:p + 4] = True
+    assert torch.isnan(x[inner]).all() and (x[~inner] == 0).all()
+    assert torch.equal(em._interior(x, (2, 3, 5, 4), p).isnan(), torch.ones(3, 2, 5, 4, dtype=torch.bool))
+
+
 def test_exact_upsampling_is_nearest_interpolation():
     from scoreflow_codec.models.exact import _resample
 
