@@ -230,7 +230,8 @@ def test_silu_is_the_table_formula_in_any_chunking(monkeypatch):
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3, 7, 101, dtype=F64, generator=g) * 12
-    x[0, 0, :6] = torch.tensor([math.nan, math.inf, -math.inf, 40.0, -40.0, -0.0], dtype=F64)
+    x[0, 0, :14] = torch.tensor([math.nan, math.inf, -math.inf, 40.0, -40.0, -0.0, 1e306, -1e306, 32.0, -32.0,
+                                 32.0 - 2 ** -40, -32.0 + 2 ** -40, 5e-324, -5e-324], dtype=F64)  # the edges of the table
     silu(x[:1, :1, :1])  # builds the table
     t, xs = mx._SILU, x.numpy()
     u = np.nan_to_num(np.clip(xs, -mx.SIG_RANGE, mx.SIG_RANGE) * 2.0 ** mx.SIG_STEP_BITS

@@ -43,24 +43,28 @@ class _SiluTable:
         # entry n (x = +SIG_RANGE exactly) gets a zero slope: no clamp of the index is needed
         self.value = v[:-1].contiguous()
         self.slope = torch.cat([v[1:-1] - v[:-2], torch.zeros(1, dtype=F64)])
+        self.offset = torch.tensor(SIG_RANGE * 2 ** SIG_STEP_BITS, dtype=F64)  # the table's index of x = 0
+        self.top = float(n)
 
     def __call__(self, x: Tensor) -> Tensor:
-        # in chunks that stay in the cache through the dozen passes below (each pass over a whole
+        # in chunks that stay in the cache through the ten passes below (each pass over a whole
         # activation tensor went to memory); elementwise, so the chunking cannot change a bit
         x = x.to(F64).contiguous()
         out = torch.empty_like(x)
         xf, of = x.view(-1), out.view(-1)
         n = xf.numel()
         m = max(min(n, SILU_CHUNK), 1)
-        u, i, v = torch.empty(m, dtype=F64), torch.empty(m, dtype=F64), torch.empty(m, dtype=F64)
+        u, v = torch.empty(m, dtype=F64), torch.empty(m, dtype=F64)
         k = torch.empty(m, dtype=torch.int32)  # < 2^17; x86 converts float64 to int32 in vectors, to int64 one by one
         for j in range(0, n, m):
             e = min(j + m, n)
-            xs, ys, uj, ij, vj, kj = xf[j:e], of[j:e], u[:e - j], i[:e - j], v[:e - j], k[:e - j]
-            torch.clamp(xs, -SIG_RANGE, SIG_RANGE, out=uj).mul_(float(2 ** SIG_STEP_BITS)).add_(SIG_RANGE * 2 ** SIG_STEP_BITS)
-            torch.floor(uj.nan_to_num_(0.0), out=ij)  # a NaN index is undefined (x86 and ARM differ); y stays NaN below
-            f = uj.sub_(ij)
-            kj.copy_(ij)
+            xs, ys, uj, vj, kj = xf[j:e], of[j:e], u[:e - j], v[:e - j], k[:e - j]
+            # u = clamp(x, -R, R) 2^B + R 2^B, as x 2^B + R 2^B clamped to [0, 2R 2^B]: x 2^B is exact,
+            # so the add rounds once, fused or not, the same within the range; beyond it both clamp
+            torch.add(self.offset, xs, alpha=float(2 ** SIG_STEP_BITS), out=uj).clamp_(0.0, self.top)
+            uj.nan_to_num_(0.0)  # a NaN index is undefined (x86 and ARM differ); y stays NaN below
+            kj.copy_(uj)  # u >= 0: truncation is floor
+            f = uj.frac_()  # u - floor(u), exact
             torch.index_select(self.slope, 0, kj, out=ys).mul_(f)
             ys.add_(torch.index_select(self.value, 0, kj, out=vj)).mul_(xs)
         return out
