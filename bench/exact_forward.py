@@ -9,7 +9,10 @@ Three measurements, best of --repeat each, all in one process:
 2. the whole exact score-model forward on batches of --batches tiles, split into the
    convolutions (with their rounding to the integer grid), SiLU, GroupNorm and the rest;
 3. the same forwards after `api._keep_freed_memory()` (glibc keeps freed blocks instead of
-   page-faulting them in again), with the page faults per forward.
+   page-faulting them in again), with the page faults per forward;
+4. the cost of a call before any arithmetic: the forward of one tile of the smallest size the
+   U-Net takes (4x4 for three levels), with the number of torch calls it makes. The coder pays it
+   on every call (kodim01's stream: 20 calls per chain step).
 
     python bench/exact_forward.py                              # photo, 64px tiles, one thread
     python bench/exact_forward.py --model cifar10 --tile 32 --batches 1,8,32
@@ -129,6 +132,25 @@ def time_forward(ex, batches: list[int], tile: int, repeat: int) -> list[dict]:
     return rows
 
 
+def call_overhead(ex, repeat: int) -> dict:
+    """Seconds (best of repeat) and torch calls of the forward of one smallest tile."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    k = 2 ** (ex.net.levels - 1)
+    x, t = torch.zeros(1, 3, k, k, dtype=torch.float64), torch.full((1,), 0.3, dtype=torch.float64)
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        ex(x, t)
+    return {"tile": k, "seconds": best_of(lambda: ex(x, t), max(repeat, 5)), "torch_calls": Count.calls}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_options(ap)
@@ -184,6 +206,9 @@ def main(argv=None) -> int:
             p = r["parts_s"]
             print(f"| {r['batch']} | {r['seconds']:.3f} | {r['per_tile_s']:.3f} | {p.get('convolutions', 0):.3f} | "
                   f"{p.get('silu', 0):.3f} | {p.get('groupnorm', 0):.3f} | {p['rest']:.3f} | {r['page_faults']} |")
+    oh = out["call_overhead"] = call_overhead(ex, args.repeat)
+    print(f"\ncost of a call: one {oh['tile']}x{oh['tile']} tile, {1e3 * oh['seconds']:.1f} ms, "
+          f"{oh['torch_calls']:,} torch calls")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

@@ -313,6 +313,9 @@ def test_exact_forward(tmp_path, capsys):
             assert set(parts) == {"convolutions", "silu", "groupnorm", "rest"}
             assert min(parts["convolutions"], parts["silu"], parts["groupnorm"]) > 0
             assert sum(parts.values()) == pytest.approx(row["seconds"])
-    assert "| all of one forward |" in capsys.readouterr().out
+    oh = r["call_overhead"]
+    assert oh["tile"] == 4 and oh["seconds"] > 0 and oh["torch_calls"] > 100
+    out_text = capsys.readouterr().out
+    assert "| all of one forward |" in out_text and "cost of a call: one 4x4 tile" in out_text
     assert exact_forward(["--model", "no-such-model"]) == 2
     assert "exact_forward:" in capsys.readouterr().err
