@@ -1,6 +1,6 @@
 """How fast the exact (exact64) network forward runs on this CPU, and where its time goes.
 
-Three measurements, best of --repeat each, all in one process:
+Four measurements, best of --repeat each, all in one process:
 
 1. convolutions: every distinct convolution of the model's exact forward on a batch of
    --conv-batch tiles, as torch's own float64 F.conv2d and as `exactmath.int_conv2d` (one matrix
