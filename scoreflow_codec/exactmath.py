@@ -263,9 +263,8 @@ class ExactConv:
         self.w_int, self.shift, self.e_l1 = integer_weights(weight)
         self.bias = None if bias is None else bias.detach().to("cpu", F64)
         self.stride, self.padding = stride, padding
-        # what every call would otherwise rebuild: the grid's bit budget, the bias as it
-        # broadcasts, and int_conv2d's per-tap matrices
-        self.budget = SUM_BITS - self.e_l1
+        # what every call would otherwise rebuild: the bias as it broadcasts, int_conv2d's per-tap
+        # matrices
         self.bias_b = None if self.bias is None else self.bias.view((1, -1) + (1,) * (weight.dim() - 2))
         self.taps = _tap_matrices(self.w_int) if weight.dim() == 4 else None
 
@@ -277,8 +276,7 @@ class ExactConv:
 
     def __call__(self, a: Tensor) -> Tensor:
         # the activations' grid leaves SUM_BITS - e_l1 bits: every partial sum < 2^SUM_BITS
-        g = grid_exponent(a, self.budget)
-        view = (-1,) + (1,) * (a.dim() - 1)
+        g = grid_exponent(a, SUM_BITS - self.e_l1)
         if a.dim() == 4 and _taps_apply(a.shape, self.w_int.shape, self.stride, self.padding):
             # round straight into int_conv2d's padded buffer, and scale (+ bias) straight out of
             # its result: the same operations as to_grid / F.conv2d / mul / add, fewer copies
@@ -293,7 +291,7 @@ class ExactConv:
             out = y
         # y 2^-(g + shift) is exact (a power of two), so adding the bias in the same kernel rounds
         # once, as y * s + bias in two kernels does, fused multiply-add or not
-        s = pow2(g.neg_().sub_(self.shift)).view(view)  # g is ours: negated in place
+        s = _per_sample(pow2(g.neg_().sub_(self.shift)), y.dim())  # g is ours: negated in place
         if self.bias is None:
             return torch.mul(y, s, out=out)
         return torch.addcmul(self.bias_b, y, s, out=out)
