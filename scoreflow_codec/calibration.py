@@ -72,6 +72,18 @@ def chain_step_nats(table: dict | None, lam: np.ndarray) -> np.ndarray:
     return 0.5 * np.log1p(np.expm1(np.diff(lam)) * interpolate(table, lam[:-1]))
 
 
+def grid_excess_nats(table: dict | None, lam: np.ndarray) -> float:
+    """Expected nats per dimension that a chain with latents at `lam` (increasing) costs above the
+    continuous bound over the same range: its steps' `chain_step_nats` less 0.5 x the integral of
+    m (exact: the integral of the table's piecewise-linear interpolant). What the number of steps
+    and their placement cost, before any coding overhead; the reverse steps' first and last terms
+    (the decoder p(y | z_1), the prior) are left out on both sides."""
+    lam = np.asarray(lam, dtype=np.float64)
+    knots = np.asarray(table["log_snr"], dtype=np.float64) if table else np.empty(0)
+    pts = np.union1d(lam, knots[(knots > lam[0]) & (knots < lam[-1])])
+    return float(chain_step_nats(table, lam).sum() - 0.5 * np.trapezoid(interpolate(table, pts), pts))
+
+
 def step_grid(table: dict | None, lam_lo: float, lam_hi: float, n: int, floor: float = STEP_FLOOR) -> np.ndarray:
     """n increasing log-SNRs from lam_lo to lam_hi (both exact), dense where the chain's excess is.
 

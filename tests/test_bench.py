@@ -319,3 +319,33 @@ def test_exact_forward(tmp_path, capsys):
     assert "| all of one forward |" in out_text and "cost of a call: one 4x4 tile" in out_text
     assert exact_forward(["--model", "no-such-model"]) == 2
     assert "exact_forward:" in capsys.readouterr().err
+
+
+def test_chain_steps(tmp_path, capsys):
+    """bench/chain_steps.py: the predicted excess of the model's calibrated chain falls with the
+    steps (about as 1/steps); measured on an image's tiles, the chain's bound and the continuous
+    bound are reported side by side; a model or an image that does not exist is a clear error."""
+    from PIL import Image
+
+    from bench.chain_steps import main as chain_steps
+
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.integers(0, 60, (40, 40, 3)) + np.arange(40)[:, None, None] * 4).astype(np.uint8)).save(
+        tmp_path / "a.png")
+    out = tmp_path / "cs.json"
+    assert chain_steps(["--model", "cifar10", "--images", str(tmp_path / "a.png"), "--crop", "32", "--steps", "8",
+                        "--draws", "1", "--n-t", "4", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    pred = {int(k): v for k, v in r["predicted_excess_bpd"].items()}
+    assert sorted(pred) == [8, 32, 64, 96, 128, 256, 512] and r["default_steps"] == 256
+    vals = [pred[k] for k in sorted(pred)]
+    assert all(a > b > 0 for a, b in zip(vals, vals[1:]))
+    assert 1.6 < pred[256] / pred[512] < 2.4  # the excess is second order in each step: ~1/steps
+    mes = r["measured"]
+    assert mes["steps"] == 8 and mes["tiles"] == 1 and 0 < mes["bound_bpd"] < 16 and 0 < mes["chain_bpd"] < 16
+    assert mes["excess_bpd"] == pytest.approx(mes["chain_bpd"] - mes["bound_bpd"])
+    assert "| excess |" in capsys.readouterr().out
+    assert chain_steps(["--model", "no-such-model"]) == 2
+    assert "chain_steps:" in capsys.readouterr().err
+    assert chain_steps(["--model", "cifar10", "--images", str(tmp_path / "missing.png")]) == 2
+    assert "no such file" in capsys.readouterr().err

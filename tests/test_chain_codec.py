@@ -113,7 +113,7 @@ def test_chain_step_nats_is_the_expected_kl_of_each_step():
 def test_calibrated_step_grid():
     """step_grid: exact ends, uniform in log-SNR without a table; its excess over the continuous bound
     (exact per-step formula) is below the uniform grid's, and one small step's excess is c d^2."""
-    from scoreflow_codec.calibration import chain_step_nats, interpolate, step_grid
+    from scoreflow_codec.calibration import grid_excess_nats, interpolate, step_grid
 
     assert np.allclose(step_grid(None, -10.0, 14.0, 9), np.linspace(-10, 14, 9), rtol=0, atol=1e-9)
 
@@ -124,8 +124,7 @@ def test_calibrated_step_grid():
     table = sigmoid_table(97)
 
     def excess(grid):
-        fine = np.linspace(grid[0], grid[-1], 400001)
-        return chain_step_nats(table, grid).sum() - 0.5 * np.trapezoid(interpolate(table, fine), fine)
+        return grid_excess_nats(table, grid)
 
     for n in (16, 64, 128):
         grid = step_grid(table, -10.0, 14.0, n)
@@ -140,6 +139,27 @@ def test_calibrated_step_grid():
     for d in (0.04, 0.02):
         assert abs(excess(np.array([l0, l0 + d])) / (c * d * d) - 1) < 0.05
 
+
+def test_grid_excess_nats():
+    """grid_excess_nats against closed forms: with m constant (= c) each step of size d costs
+    0.5 log(1 + (e^d - 1) c) against 0.5 c d (above it for 0 < c < 1: log is concave); with m
+    piecewise linear between few knots, the integral is exact where a fine trapezoid converges to it."""
+    from scoreflow_codec.calibration import chain_step_nats, grid_excess_nats, interpolate
+
+    grid = np.array([-10.0, -7.5, -1.0, 3.0, 3.25, 14.0])
+    d = np.diff(grid)
+    for c in (0.0, 0.3, 1.0):
+        table = {"log_snr": [-10.0, 14.0], "mse": [c, c]}
+        expected = float(np.sum(0.5 * np.log1p(np.expm1(d) * c)) - 0.5 * c * 24.0)
+        assert abs(grid_excess_nats(table, grid) - expected) < 1e-12, c
+        if 0.0 < c < 1.0:
+            assert grid_excess_nats(table, grid) > 0.0
+    assert abs(grid_excess_nats(None, grid)) < 1e-15  # no table: the posterior variance, no excess
+    # knots that the grid does not hit: the exact integral of the interpolant
+    table = {"log_snr": [-10.0, -2.3, 5.1, 14.0], "mse": [0.001, 0.05, 0.7, 1.0]}
+    fine = np.linspace(-10.0, 14.0, 2_400_001)
+    slow = chain_step_nats(table, grid).sum() - 0.5 * np.trapezoid(interpolate(table, fine), fine)
+    assert abs(grid_excess_nats(table, grid) - slow) < 1e-9
 
 def test_calibrated_schedule_round_trip():
     model, g = gaussian_model((3, 4, 4))
