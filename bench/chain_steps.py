@@ -32,12 +32,16 @@ STEPS = (32, 64, 96, 128, 256, 512)
 
 
 def predicted_excess(model, steps) -> dict[int, float]:
-    """{steps: predicted excess of the calibrated chain over the continuous bound, bits/dim}."""
+    """{steps: predicted excess of the calibrated chain over the continuous bound, bits/dim}; empty
+    for a model file without a denoising-error table (exported with --calib-images 0): nothing to
+    predict from (the formula with m = 0 would say the steps cost nothing)."""
     import torch
 
     from scoreflow_codec import api, calibration
 
     table, sde = api._eps_mse(model), model.sde
+    if not table:
+        return {}
     lo, hi = (float(v) for v in sde.log_snr(torch.tensor([sde.T, sde.eps], dtype=torch.float64)))
     return {n: calibration.grid_excess_nats(table, calibration.step_grid(table, lo, hi, n)) / math.log(2)
             for n in steps}
@@ -107,17 +111,20 @@ def main(argv=None) -> int:
     pred = predicted_excess(model, sorted(set(STEPS) | {steps}))
     out = {"model": model.name, "sha256": model.sha256, "default_steps": getattr(model, "chain_steps", None),
            "predicted_excess_bpd": pred, "machine": machine_info()}
-    print(f"model {model.name} ({model.sha256[:12]}); the chain's predicted excess over the continuous bound, bits/dim:")
-    print("| steps | " + " | ".join(str(n) for n in pred) + " |")
-    print("|---|" + "---:|" * len(pred))
-    print("| excess | " + " | ".join(f"{v:.4f}" for v in pred.values()) + " |")
+    if pred:
+        print(f"model {model.name} ({model.sha256[:12]}); the chain's predicted excess over the continuous bound, bits/dim:")
+        print("| steps | " + " | ".join(str(n) for n in pred) + " |")
+        print("|---|" + "---:|" * len(pred))
+        print("| excess | " + " | ".join(f"{v:.4f}" for v in pred.values()) + " |")
+    else:
+        print(f"model {model.name} ({model.sha256[:12]}) has no denoising-error table: no prediction (--images measures)")
     if tiles is not None:
         t0 = time.perf_counter()
         mes = out["measured"] = measured_excess(model, tiles, steps, args.draws, args.n_t)
         mes["seconds"] = time.perf_counter() - t0
         print(f"\nmeasured on {mes['tiles']} tiles at {steps} steps: chain {mes['chain_bpd']:.4f}, continuous bound "
-              f"{mes['bound_bpd']:.4f}, excess {mes['excess_bpd']:+.4f} bits/dim (predicted {pred[steps]:.4f}; "
-              f"{mes['seconds']:.0f} s)")
+              f"{mes['bound_bpd']:.4f}, excess {mes['excess_bpd']:+.4f} bits/dim"
+              + (f" (predicted {pred[steps]:.4f})" if pred else "") + f"; {mes['seconds']:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1, default=str))

@@ -349,3 +349,15 @@ def test_chain_steps(tmp_path, capsys):
     assert "chain_steps:" in capsys.readouterr().err
     assert chain_steps(["--model", "cifar10", "--images", str(tmp_path / "missing.png")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_chain_steps_without_a_table(monkeypatch, capsys):
+    """A model file without a denoising-error table gets no prediction (the m = 0 formula would
+    say that the steps cost nothing), and says so."""
+    from bench import chain_steps
+    from scoreflow_codec import api
+
+    monkeypatch.setattr(api, "_eps_mse", lambda model: None)
+    assert chain_steps.main(["--model", "cifar10"]) == 0
+    out = capsys.readouterr().out
+    assert "has no denoising-error table: no prediction" in out and "| excess |" not in out

@@ -154,7 +154,7 @@ def test_grid_excess_nats():
         assert abs(grid_excess_nats(table, grid) - expected) < 1e-12, c
         if 0.0 < c < 1.0:
             assert grid_excess_nats(table, grid) > 0.0
-    assert abs(grid_excess_nats(None, grid)) < 1e-15  # no table: the posterior variance, no excess
+    assert abs(grid_excess_nats(None, grid)) < 1e-15  # no table is m = 0: a perfect model's steps cost nothing
     # knots that the grid does not hit: the exact integral of the interpolant
     table = {"log_snr": [-10.0, -2.3, 5.1, 14.0], "mse": [0.001, 0.05, 0.7, 1.0]}
     fine = np.linspace(-10.0, 14.0, 2_400_001)
