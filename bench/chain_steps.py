@@ -31,33 +31,41 @@ from bench.report import machine_info, model_options  # noqa: E402
 STEPS = (32, 64, 96, 128, 256, 512)
 
 
+def _chain(model, steps: int):
+    """The chain that `sfcodec compress` codes with this model at `steps` (its coefficients)."""
+    from scoreflow_codec import api
+    from scoreflow_codec.coding.chain_codec import ChainSettings
+
+    s = ChainSettings.from_dict(api.coding_settings("chain", model, {"steps": steps}))
+    return s.coefficients(model.sde, api._eps_mse(model))
+
+
 def predicted_excess(model, steps) -> dict[int, float]:
-    """{steps: predicted excess of the calibrated chain over the continuous bound, bits/dim}; empty
+    """{steps: predicted excess of the model's chain over the continuous bound, bits/dim}; empty
     for a model file without a denoising-error table (exported with --calib-images 0): nothing to
     predict from (the formula with m = 0 would say the steps cost nothing)."""
     import torch
 
     from scoreflow_codec import api, calibration
 
-    table, sde = api._eps_mse(model), model.sde
+    table = api._eps_mse(model)
     if not table:
         return {}
-    lo, hi = (float(v) for v in sde.log_snr(torch.tensor([sde.T, sde.eps], dtype=torch.float64)))
-    return {n: calibration.grid_excess_nats(table, calibration.step_grid(table, lo, hi, n)) / math.log(2)
-            for n in steps}
+    out = {}
+    for n in steps:
+        ts = _chain(model, n).ts[::-1].copy()  # the latents' log-SNRs, increasing
+        out[n] = calibration.grid_excess_nats(table, model.sde.log_snr(torch.from_numpy(ts)).numpy()) / math.log(2)
+    return out
 
 
 def measured_excess(model, tiles, steps: int, draws: int, n_t: int, seed: int = 0) -> dict:
     """The chain's bound at `steps` and the continuous bound on the same tiles (uint8 [N, 3, P, P])."""
     import torch
 
-    from scoreflow_codec import api, likelihood
-    from scoreflow_codec.coding.chain_codec import ChainSettings
-    from scoreflow_codec.discrete_chain import chain_coeffs, chain_elbo_bpd
+    from scoreflow_codec import likelihood
+    from scoreflow_codec.discrete_chain import chain_elbo_bpd
 
-    s = ChainSettings.from_dict(api.coding_settings("chain", model, {"steps": steps}))
-    co = chain_coeffs(model.sde, s.steps, schedule=s.schedule,
-                      eps_mse=api._eps_mse(model) if s.reverse_var == "calibrated" else None)
+    co = _chain(model, steps)
     x = torch.from_numpy(tiles)
     g = torch.Generator().manual_seed(seed)
     chain = np.mean([chain_elbo_bpd(model.model, x, model.dequantizer, co, generator=g).mean().item()
@@ -68,21 +76,16 @@ def measured_excess(model, tiles, steps: int, draws: int, n_t: int, seed: int = 
 
 
 def image_tiles(paths, tile: int, crop: int | None) -> np.ndarray:
-    """The stream's tiles of each image (its centre crop x crop where given)."""
-    from scoreflow_codec import api, images
-    from scoreflow_codec.coding import stream
+    """The tiles `sfcodec eval` takes of each image (api.image_tiles), of its centre crop x crop where given."""
+    from scoreflow_codec import api
 
     out = []
-    for p in paths:
-        color = images.load_image(p).color
-        if color is None:
-            raise ValueError(f"{p}: no colour planes")
+    for a in api.load_eval_inputs(paths)[0]:
         if crop:
-            h, w = color.shape[1:]
-            y0, x0 = max((h - crop) // 2, 0), max((w - crop) // 2, 0)
-            color = np.ascontiguousarray(color[:, y0:y0 + crop, x0:x0 + crop])
-        out += [api.padded_tile(color, r, tile) for r in stream.T.plan_tiles([color.shape], tile)]
-    return np.stack(out)
+            y0, x0 = max((a.shape[0] - crop) // 2, 0), max((a.shape[1] - crop) // 2, 0)
+            a = a[y0:y0 + crop, x0:x0 + crop]
+        out.append(api.image_tiles(a, tile))
+    return np.concatenate(out)
 
 
 def main(argv=None) -> int:

@@ -50,6 +50,12 @@ class ChainSettings:
     def delta(self) -> float:
         return (2.0 / 256.0) * 2.0 ** (-self.lattice_bits)
 
+    def coefficients(self, sde: SDE, eps_mse: dict | None = None) -> ChainCoeffs:
+        """The chain these settings code: the model file's table (eps_mse) places its steps and
+        sets its reverse variances where reverse_var is "calibrated"."""
+        table = eps_mse if self.reverse_var == "calibrated" else None
+        return chain_coeffs(sde, self.steps, schedule=self.schedule, eps_mse=table)
+
 
 def scramble(i: int, n: int) -> np.ndarray:
     """A fixed permutation of range(n) for step i: k -> (a k + b) mod n with gcd(a, n) = 1.
@@ -72,8 +78,7 @@ class ChainCodec:
             raise ValueError("chain mode needs at least 2 steps")
         self.ev = evaluator
         self.s = settings
-        table = eps_mse if settings.reverse_var == "calibrated" else None
-        self.co: ChainCoeffs = chain_coeffs(sde, settings.steps, schedule=settings.schedule, eps_mse=table)
+        self.co: ChainCoeffs = settings.coefficients(sde, eps_mse)
         co = self.co
         T = co.steps
         smallest = np.empty(T)
