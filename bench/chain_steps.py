@@ -31,16 +31,17 @@ from bench.report import machine_info, model_options  # noqa: E402
 STEPS = (32, 64, 96, 128, 256, 512)
 
 
-def _chain(model, steps: int):
-    """The chain that `sfcodec compress` codes with this model at `steps` (its coefficients)."""
+def _chain(model, steps: int, schedule: str | None = None):
+    """The chain that `sfcodec compress` codes with this model at `steps` (its coefficients), or
+    with another placement of its steps (`schedule`, as the chain settings take it)."""
     from scoreflow_codec import api
     from scoreflow_codec.coding.chain_codec import ChainSettings
 
-    s = ChainSettings.from_dict(api.coding_settings("chain", model, {"steps": steps}))
+    s = ChainSettings.from_dict(api.coding_settings("chain", model, {"steps": steps, **({"schedule": schedule} if schedule else {})}))
     return s.coefficients(model.sde, api._eps_mse(model))
 
 
-def predicted_excess(model, steps) -> dict[int, float]:
+def predicted_excess(model, steps, schedule: str | None = None) -> dict[int, float]:
     """{steps: predicted excess of the model's chain over the continuous bound, bits/dim}; empty
     for a model file without a denoising-error table (exported with --calib-images 0): nothing to
     predict from (the formula with m = 0 would say the steps cost nothing)."""
@@ -53,19 +54,19 @@ def predicted_excess(model, steps) -> dict[int, float]:
         return {}
     out = {}
     for n in steps:
-        ts = _chain(model, n).ts[::-1].copy()  # the latents' log-SNRs, increasing
+        ts = _chain(model, n, schedule).ts[::-1].copy()  # the latents' log-SNRs, increasing
         out[n] = calibration.grid_excess_nats(table, model.sde.log_snr(torch.from_numpy(ts)).numpy()) / math.log(2)
     return out
 
 
-def measured_excess(model, tiles, steps: int, draws: int, n_t: int, seed: int = 0) -> dict:
+def measured_excess(model, tiles, steps: int, draws: int, n_t: int, seed: int = 0, schedule: str | None = None) -> dict:
     """The chain's bound at `steps` and the continuous bound on the same tiles (uint8 [N, 3, P, P])."""
     import torch
 
     from scoreflow_codec import likelihood
     from scoreflow_codec.discrete_chain import chain_elbo_bpd
 
-    co = _chain(model, steps)
+    co = _chain(model, steps, schedule)
     x = torch.from_numpy(tiles)
     g = torch.Generator().manual_seed(seed)
     chain = np.mean([chain_elbo_bpd(model.model, x, model.dequantizer, co, generator=g).mean().item()
@@ -96,11 +97,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="steps of the measurement (default: the model's)")
     ap.add_argument("--draws", type=int, default=2, help="chain samples per tile")
     ap.add_argument("--n-t", type=int, default=64, help="time samples of the continuous bound")
+    ap.add_argument("--schedule", choices=("optimized", "calibrated", "logsnr"), default=None,
+                    help="where the steps go (default: what compress does, 'optimized')")
     args = ap.parse_args(argv)
 
     import torch
 
-    from scoreflow_codec import zoo
+    from scoreflow_codec import api, zoo
     from scoreflow_codec.errors import SfcError
 
     torch.set_num_threads(args.threads)
@@ -111,11 +114,12 @@ def main(argv=None) -> int:
         print(f"chain_steps: {e}", file=sys.stderr)
         return 2
     steps = args.steps or getattr(model, "chain_steps", None) or 128
-    pred = predicted_excess(model, sorted(set(STEPS) | {steps}))
-    out = {"model": model.name, "sha256": model.sha256, "default_steps": getattr(model, "chain_steps", None),
+    pred = predicted_excess(model, sorted(set(STEPS) | {steps}), args.schedule)
+    schedule = args.schedule or api.default_settings("chain", model)["schedule"]
+    out = {"model": model.name, "sha256": model.sha256, "default_steps": getattr(model, "chain_steps", None), "schedule": schedule,
            "predicted_excess_bpd": pred, "machine": machine_info()}
     if pred:
-        print(f"model {model.name} ({model.sha256[:12]}); the chain's predicted excess over the continuous bound, bits/dim:")
+        print(f"model {model.name} ({model.sha256[:12]}); the {schedule} chain's predicted excess over the continuous bound, bits/dim:")
         print("| steps | " + " | ".join(str(n) for n in pred) + " |")
         print("|---|" + "---:|" * len(pred))
         print("| excess | " + " | ".join(f"{v:.4f}" for v in pred.values()) + " |")
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
         print(f"model {model.name} ({model.sha256[:12]}) has no denoising-error table: no prediction (--images measures)")
     if tiles is not None:
         t0 = time.perf_counter()
-        mes = out["measured"] = measured_excess(model, tiles, steps, args.draws, args.n_t)
+        mes = out["measured"] = measured_excess(model, tiles, steps, args.draws, args.n_t, schedule=args.schedule)
         mes["seconds"] = time.perf_counter() - t0
         print(f"\nmeasured on {mes['tiles']} tiles at {steps} steps: chain {mes['chain_bpd']:.4f}, continuous bound "
               f"{mes['bound_bpd']:.4f}, excess {mes['excess_bpd']:+.4f} bits/dim"

@@ -511,7 +511,7 @@ _SETTING_RULES = {
             "fp_iters": (_INT, 0, 1000), "fp_max": (_INT, 1, 1000), "fp_tol": (_NUM, 1e-9, 1e6),
             "fp_stall": (_NUM, 0.0, 1e6), "schedule": ("logsnr", "uniform"), "trace_probe": ("rademacher",)},
     "chain": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "lattice_ratio": (_NUM, 1e-3, 1e6),
-              "schedule": ("logsnr", "uniform", "calibrated"), "reverse_var": ("calibrated", "posterior")},
+              "schedule": ("logsnr", "uniform", "calibrated", "optimized"), "reverse_var": ("calibrated", "posterior")},
     "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "batching": stream.BATCHINGS,
                "growth": (_NUM, 0, 1e6),
                "max_batch": (_INT, 1, MAX_MICRO_BATCH * 64), "fill_std": (_NUM, 1e-3, 1e3),

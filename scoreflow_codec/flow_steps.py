@@ -28,26 +28,28 @@ def time_grid(sde: SDE, steps: int, t_start: float | None = None, t_end: float |
               schedule: str = "logsnr", eps_mse: dict | None = None) -> np.ndarray:
     """K+1 increasing times from t_start (default sde.eps) to t_end (default sde.T), float64.
 
-    schedule: "logsnr" (uniform in log-SNR), "uniform" (in t) or "calibrated" (log-SNRs of
-    calibration.step_grid from the model's eps-MSE table; uniform in log-SNR without one).
+    schedule: "logsnr" (uniform in log-SNR), "uniform" (in t), "calibrated" (log-SNRs of
+    calibration.step_grid from the model's eps-MSE table; uniform in log-SNR without one) or
+    "optimized" (calibration.optimized_grid: the chain's least expected cost under that table).
     """
     if steps < 1:
         raise ValueError("steps must be >= 1")
     t0 = sde.eps if t_start is None else float(t_start)
     t1 = sde.T if t_end is None else float(t_end)
-    if schedule in ("logsnr", "calibrated"):
+    if schedule in ("logsnr", "calibrated", "optimized"):
         ends = torch.tensor([t0, t1], dtype=torch.float64)
         lam = sde.log_snr(ends)
         if schedule == "logsnr":
             lams = sde.ops.linspace(float(lam[0]), float(lam[1]), steps + 1)
-        else:  # step_grid runs from low to high log-SNR, the grid from t0 (high) to t1 (low)
-            lams = torch.from_numpy(calibration.step_grid(eps_mse, float(lam[1]), float(lam[0]), steps + 1)[::-1].copy())
+        else:  # the grids run from low to high log-SNR, this one from t0 (high) to t1 (low)
+            grid = calibration.step_grid if schedule == "calibrated" else calibration.optimized_grid
+            lams = torch.from_numpy(grid(eps_mse, float(lam[1]), float(lam[0]), steps + 1)[::-1].copy())
         ts = sde.t_from_log_snr(lams).numpy()
         ts[0], ts[-1] = t0, t1  # exact end points despite round-off in the inverse
     elif schedule == "uniform":
         ts = em.linspace(t0, t1, steps + 1) if sde.ops.exact else np.linspace(t0, t1, steps + 1)
     else:
-        raise ValueError(f"unknown schedule {schedule!r} (logsnr | uniform | calibrated)")
+        raise ValueError(f"unknown schedule {schedule!r} (logsnr | uniform | calibrated | optimized)")
     if not np.all(np.diff(ts) > 0):
         raise ValueError("time grid is not strictly increasing; use fewer steps")
     return ts

@@ -322,9 +322,10 @@ def test_exact_forward(tmp_path, capsys):
 
 
 def test_chain_steps(tmp_path, capsys):
-    """bench/chain_steps.py: the predicted excess of the model's calibrated chain falls with the
-    steps (about as 1/steps); measured on an image's tiles, the chain's bound and the continuous
-    bound are reported side by side; a model or an image that does not exist is a clear error."""
+    """bench/chain_steps.py: the predicted excess of the model's chain falls with the steps (with
+    the calibrated schedule about as 1/steps; the optimized one, compress's, lies below it at
+    every count); measured on an image's tiles, the chain's bound and the continuous bound are
+    reported side by side; a model or an image that does not exist is a clear error."""
     from PIL import Image
 
     from bench.chain_steps import main as chain_steps
@@ -338,9 +339,14 @@ def test_chain_steps(tmp_path, capsys):
     r = json.loads(out.read_text())
     pred = {int(k): v for k, v in r["predicted_excess_bpd"].items()}
     assert sorted(pred) == [8, 32, 64, 96, 128, 256, 512] and r["default_steps"] == 256
-    vals = [pred[k] for k in sorted(pred)]
+    assert r["schedule"] == "optimized"
+    assert chain_steps(["--model", "cifar10", "--schedule", "calibrated", "--json", str(tmp_path / "cal.json")]) == 0
+    cal = {int(k): v for k, v in json.loads((tmp_path / "cal.json").read_text())["predicted_excess_bpd"].items()}
+    vals = [cal[k] for k in sorted(cal)]
     assert all(a > b > 0 for a, b in zip(vals, vals[1:]))
-    assert 1.6 < pred[256] / pred[512] < 2.4  # the excess is second order in each step: ~1/steps
+    assert 1.6 < cal[256] / cal[512] < 2.4  # the excess is second order in each step: ~1/steps
+    assert all(pred[k] < cal[k] for k in (32, 64, 96, 128, 256, 512))
+    assert all(a > b for a, b in zip([pred[k] for k in sorted(pred)], [pred[k] for k in sorted(pred)][1:]))
     mes = r["measured"]
     assert mes["steps"] == 8 and mes["tiles"] == 1 and 0 < mes["bound_bpd"] < 16 and 0 < mes["chain_bpd"] < 16
     assert mes["excess_bpd"] == pytest.approx(mes["chain_bpd"] - mes["bound_bpd"])

@@ -82,6 +82,9 @@ def test_golden_files_exist():
     assert len(h6) - len(f2) == 26 and container.unpack(h6)[1].tobytes() == container.unpack(f2)[1].tobytes()
     # seed codec versions: 1 (no `seed` in the header), 2, 3, 4 and 5 (seed-x5: both images in its LZMA mode)
     assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4, 5}
+    # the chain's schedules that files were written with: "calibrated" (0.3.0 - 0.9.12), "optimized" (0.9.13)
+    chains = [api.read_header(p.read_bytes()) for p in FILES if not p.stem.startswith("seed-")]
+    assert {api.full_settings(h)[0]["schedule"] for h in chains if h["mode"] == "chain"} >= {"calibrated", "optimized"}
 
 
 def _pngs(path: Path) -> list[np.ndarray]:
