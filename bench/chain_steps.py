@@ -6,8 +6,9 @@ model file's denoising-error table, against the integral the continuous bound ta
 that predicted excess at several step counts, and with --images measures it on tiles of those
 images: the chain's bound (discrete_chain.chain_elbo_bpd, the float32 network, --draws samples)
 against the continuous bound (likelihood.bound_bpd, --n-t time samples) on the same tiles. A
-stream's size is the chain's bound plus its coding overhead (a few thousandths) and minus or plus
-what its seed tiles gain or lose against the model.
+stream's size is the chain's bound plus its coding overhead (a few thousandths), minus or plus
+what its seed tiles gain or lose against the model, and since 0.9.13 minus what the encoder's
+factors on the top network calls gain (chain_codec's kappa_top; not in these numbers).
 
     python bench/chain_steps.py --model photo
     python bench/chain_steps.py --model photo --images ../shared/data/kodak/kodim03.png --crop 256 --steps 64

@@ -43,7 +43,8 @@ MAX_TILES = 1 << 22       # tiles of one file (10^9 pixels in 32x32 tiles is ~1M
 FORMAT_DEFAULTS = {
     "ode": {"steps": 128, "lattice_bits": 8, "sigma_ratio": 4.0, "fp_iters": 2, "fp_max": 30,
             "fp_tol": 0.01, "fp_stall": 0.7, "schedule": "logsnr", "trace_probe": "rademacher"},
-    "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated"},
+    "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated",
+              "kappa_top": 0},
     "stream": {"tile": 32, "n_seed": None, "batching": "growth", "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None,
                "seed": 1},
 }
@@ -511,7 +512,8 @@ _SETTING_RULES = {
             "fp_iters": (_INT, 0, 1000), "fp_max": (_INT, 1, 1000), "fp_tol": (_NUM, 1e-9, 1e6),
             "fp_stall": (_NUM, 0.0, 1e6), "schedule": ("logsnr", "uniform"), "trace_probe": ("rademacher",)},
     "chain": {"steps": (_INT, 2, MAX_STEPS), "lattice_bits": (_INT, 1, 16), "lattice_ratio": (_NUM, 1e-3, 1e6),
-              "schedule": ("logsnr", "uniform", "calibrated", "optimized"), "reverse_var": ("calibrated", "posterior")},
+              "schedule": ("logsnr", "uniform", "calibrated", "optimized"), "reverse_var": ("calibrated", "posterior"),
+              "kappa_top": (_INT, 0, MAX_STEPS)},
     "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "batching": stream.BATCHINGS,
                "growth": (_NUM, 0, 1e6),
                "max_batch": (_INT, 1, MAX_MICRO_BATCH * 64), "fill_std": (_NUM, 1e-3, 1e3),

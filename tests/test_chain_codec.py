@@ -241,3 +241,54 @@ def test_calibrated_schedule_round_trip(schedule):
     assert abs(actual - pred) <= 64
     assert np.array_equal(back, x)
     assert np.array_equal(m.words(), padding_words(PAD))
+
+
+def test_kappa_index():
+    """The encoder's factor: the least-squares kappa of r ~ kappa w, to the nearest 1/32, in [0, 1]."""
+    from scoreflow_codec.coding.chain_codec import KAPPA_LEVELS, kappa_index
+
+    w = np.array([0.5, -2.0, 1.5, 3.0])
+    assert KAPPA_LEVELS == 32
+    for kappa in (0.0, 0.25, 0.38, 0.9, 1.0):
+        assert kappa_index(kappa * w, w) == round(kappa * 32)
+    noise = np.array([0.01, 0.02, -0.03, 0.0])  # orthogonal parts do not move it
+    assert kappa_index(0.5 * w + noise - w * (noise @ w) / (w @ w), w) == 16
+    assert kappa_index(1.7 * w, w) == 32 and kappa_index(-0.4 * w, w) == 0  # clamped
+    assert kappa_index(w, np.zeros(4)) == 32  # no network term: nothing to scale
+
+
+class _Overshooting(torch.nn.Module):
+    """A model whose eps_hat is c times the exact one (as a trained network's near the clean end)."""
+
+    def __init__(self, inner, c: float):
+        super().__init__()
+        self.inner, self.c, self.sde = inner, c, inner.sde
+
+    def forward(self, x, t):
+        return self.inner(x, t) * self.c
+
+
+def test_kappa_factors_undo_an_overshooting_network():
+    """With every network call scaled (kappa_top = steps), a network that overshoots by 4/3 (the factor 24/32 undoes it) codes
+    far smaller than without factors, close to the exact model; round trips are exact and the real
+    size is the predicted one, the factors' 5.04 bits each included. kappa_top 0 (every file
+    before 0.9.13) codes as before: the same bits as a chain without the setting."""
+    from scoreflow_codec.coding.chain_codec import KAPPA_BITS
+
+    model, g = gaussian_model((3, 4, 4))
+    x = gaussian_images(model, 32, g)
+    steps = 16
+
+    def run(m, kappa_top):
+        s = ChainSettings(steps=steps, schedule="logsnr", kappa_top=kappa_top).to_dict()
+        tc = build_tile_codec(m, UniformDequantizer(), model.sde, "chain", s, micro_batch=8)
+        actual, pred, back, msg = code_and_decode(tc, x, PAD)
+        assert abs(actual - pred) <= 64 and np.array_equal(back, x)
+        assert np.array_equal(msg.words(), padding_words(PAD))
+        return actual
+
+    exact, bad = run(model, 0), run(_Overshooting(model, 4.0 / 3.0), 0)
+    fixed = run(_Overshooting(model, 4.0 / 3.0), steps)
+    assert bad > exact + 0.05 * x.size, (exact, bad)           # the overshoot costs
+    assert fixed < bad - 0.8 * (bad - exact), (exact, bad, fixed)  # the factors win most of it back
+    assert fixed < exact + steps * KAPPA_BITS + 0.02 * x.size, (exact, fixed)

@@ -364,7 +364,7 @@ def test_info_of_a_file_the_model_coded(model_sfc):
     assert "batching=bits" in r.stdout, r.stdout
     h = json.loads(sfcodec("info", out, "--json").stdout)
     assert h["fields"]["n_tiles"] == 16 and h["fields"]["n_seed"] < 16, h["fields"]
-    assert h["settings"] == {"steps": int(STEPS["chain"]), "schedule": "optimized"}
+    assert h["settings"] == {"steps": int(STEPS["chain"]), "schedule": "optimized", "kappa_top": 2}
 
 
 @pytest.mark.parametrize("mode", ["ode", "chain"])

@@ -85,6 +85,7 @@ def test_golden_files_exist():
     # the chain's schedules that files were written with: "calibrated" (0.3.0 - 0.9.12), "optimized" (0.9.13)
     chains = [api.read_header(p.read_bytes()) for p in FILES if not p.stem.startswith("seed-")]
     assert {api.full_settings(h)[0]["schedule"] for h in chains if h["mode"] == "chain"} >= {"calibrated", "optimized"}
+    assert {api.full_settings(h)[0]["kappa_top"] for h in chains if h["mode"] == "chain"} == {0, 2}  # 2 since 0.9.13
 
 
 def _pngs(path: Path) -> list[np.ndarray]:
