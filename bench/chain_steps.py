@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draws", type=int, default=2, help="chain samples per tile")
     ap.add_argument("--n-t", type=int, default=64, help="time samples of the continuous bound")
     ap.add_argument("--schedule", choices=("optimized", "calibrated", "logsnr"), default=None,
-                    help="where the steps go (default: what compress does, 'optimized')")
+                    help="where the steps go (default: what compress does, 'calibrated')")
     args = ap.parse_args(argv)
 
     import torch

@@ -360,11 +360,11 @@ def test_info_of_a_file_the_model_coded(model_sfc):
     assert_ok(r)
     assert "model:     tiny-0" in r.stdout and "not shipped with this installation" in r.stdout, r.stdout
     assert "setup:     exact64 arithmetic" in r.stdout, r.stdout
-    assert f"steps={STEPS['chain']}" in r.stdout and "schedule=optimized" in r.stdout, r.stdout
+    assert f"steps={STEPS['chain']}" in r.stdout and "schedule=calibrated" in r.stdout, r.stdout
     assert "batching=bits" in r.stdout, r.stdout
     h = json.loads(sfcodec("info", out, "--json").stdout)
     assert h["fields"]["n_tiles"] == 16 and h["fields"]["n_seed"] < 16, h["fields"]
-    assert h["settings"] == {"steps": int(STEPS["chain"]), "schedule": "optimized", "kappa_top": 2}
+    assert h["settings"] == {"steps": int(STEPS["chain"]), "schedule": "calibrated", "kappa_top": 2}
 
 
 @pytest.mark.parametrize("mode", ["ode", "chain"])

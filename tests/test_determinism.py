@@ -108,16 +108,16 @@ def test_header_records_the_setup(encoded, exact_file, model):
     assert h["setup"] == {"device": "cpu", "dtype": "float32", "micro_batch": 8, "threads": 1,
                           "torch": torch.__version__, "constriction": api._constriction_version()}
     assert api.read_header(exact_file)["setup"]["dtype"] == "exact64"  # the default
-    assert h["mode"] == "chain" and h["settings"] == {**SETTINGS, "schedule": "optimized", "kappa_top": 2}
+    assert h["mode"] == "chain" and h["settings"] == {**SETTINGS, "schedule": "calibrated", "kappa_top": 2}
     assert h["fields"]["n_tiles"] == 2 and h["fields"]["n_seed"] == 1  # one tile goes through the net
 
 
 def test_header_settings_are_relative_to_the_frozen_format_defaults(model, source):
     """A header leaves out what equals api.FORMAT_DEFAULTS, not the encoder's current defaults,
-    so the encoder's defaults (chain steps 128, the optimized schedule, two scaled network calls)
+    so the encoder's defaults (chain steps 128, the calibrated schedule, two scaled network calls)
     can change without changing an old file's meaning."""
     assert api.default_settings("chain")["steps"] == 128 and api.FORMAT_DEFAULTS["chain"]["steps"] == 64
-    assert api.default_settings("chain")["schedule"] == "optimized" and api.FORMAT_DEFAULTS["chain"]["schedule"] == "logsnr"
+    assert api.default_settings("chain")["schedule"] == "calibrated" and api.FORMAT_DEFAULTS["chain"]["schedule"] == "logsnr"
     assert api.default_settings("chain")["kappa_top"] == 2 and api.FORMAT_DEFAULTS["chain"]["kappa_top"] == 0
     # (the float32 arithmetic: the header's rules are the same for both, and it is 4x faster)
     at_64, _ = api.compress([source], model, "chain", {"steps": 64, "schedule": "logsnr", "kappa_top": 0},
@@ -126,7 +126,7 @@ def test_header_settings_are_relative_to_the_frozen_format_defaults(model, sourc
     assert h["settings"] == {} and api.full_settings(h)[0]["steps"] == 64
     api.check_identical([source], api.decompress(at_64, model))
     default, _ = api.compress([source], model, "chain", stream_settings=STREAM, arith="float32")
-    assert api.read_header(default)["settings"] == {"steps": 128, "schedule": "optimized", "kappa_top": 2}
+    assert api.read_header(default)["settings"] == {"steps": 128, "schedule": "calibrated", "kappa_top": 2}
     api.check_identical([source], api.decompress(default, model))
 
 

@@ -15,8 +15,9 @@ at z_1 is E||eps - eps_hat||^2 / D = 1.035, more than predicting no noise at all
 kappa * eps_hat with kappa = 0.38 makes it 0.976. So the encoder scales eps_hat in the top
 `kappa_top` network calls of each batch (the decoder p(y | z_1), then p(z_1 | z_2), ...) by the
 factor k / KAPPA_LEVELS, k in 0..KAPPA_LEVELS, that fits the values it pushes there best (least
-squares: it knows them), and pushes k after them, uniform (log2 33 = 5.04 bits); the decoder pops
-k before it decodes those values. Files before 0.9.13 have no such factors (kappa_top 0).
+squares: it knows them), where that saves more than the 5.04 bits k costs; after those values it
+pushes k (uniform on 0..32) and a flag (1 bit: factor or none); the decoder pops the flag, then k,
+before it decodes them. Files before 0.9.13 have no such factors (kappa_top 0).
 """
 from __future__ import annotations
 
@@ -42,12 +43,13 @@ class ChainSettings:
     lattice_bits: int = 8        # lattice of y: 2^-lattice_bits of a pixel (as in ODE mode)
     lattice_ratio: float = 4.0   # z_i lattice ~ (smallest std of z_i) / lattice_ratio
     # where the latents sit in log-SNR, by the model file's eps-MSE table (uniform in log-SNR
-    # without one): "calibrated" (0.3.0 - 0.9.12) at a density that the table's small-step expansion
-    # says is best (calibration.step_grid; on 8 Kodak crops it took the chain's bound from 3.653 to
-    # 3.611 bpd at 128 steps, continuous bound 3.607), "optimized" (0.9.13) where the exact step
-    # costs are least (calibration.optimized_grid; `photo` at its 64 steps: 0.050 bpd above the
-    # continuous bound instead of 0.056, `cifar10` at its 256: 0.015 instead of 0.021).
-    schedule: str = "optimized"
+    # without one): "calibrated" at a density that the table's small-step expansion says is best
+    # (calibration.step_grid; on 8 Kodak crops it took the chain's bound from 3.653 to 3.611 bpd at
+    # 128 steps, continuous bound 3.607), or "optimized" (0.9.13) where the table's exact step costs
+    # are least (calibration.optimized_grid). Not the default: it trusts the table's top end, which
+    # today's model files measured with uniform u, not the dequantizer's: the first 32 CIFAR-10 test
+    # images lost 0.007 bpd with it, the kodim03 crop gained 0.004 (docs/ARCHITECTURE.md).
+    schedule: str = "calibrated"
     reverse_var: str = "calibrated"  # "calibrated" (the model file's eps-MSE table, if any) | "posterior"
     # network calls from the clean end whose eps_hat the encoder scales per batch by a coded factor
     # (module docstring; 0 in files before 0.9.13). 2: on 24 Kodak crops the decoder's factor
@@ -173,13 +175,26 @@ class ChainCodec:
         """Whether network call `call` (0: the decoder's at t_1, i + 1: p(z_i | z_{i+1})'s) carries a factor."""
         return call < self.s.kappa_top
 
-    def _push_kappa(self, m: Message, k: int) -> None:
-        dist.uniform(KAPPA_LEVELS + 1, 1).push(m, np.array([k]))
+    @staticmethod
+    def _worth(k: int, x: np.ndarray, scaled: tuple, plain: tuple) -> int | None:
+        """k where the factor saves more than it costs to send (its bits beyond the flag's), else None."""
+        if k == KAPPA_LEVELS:
+            return None
+        saved = float(dist.gaussian_bits(x, *plain).sum() - dist.gaussian_bits(x, *scaled).sum())
+        return k if saved > KAPPA_BITS else None
+
+    def _push_kappa(self, m: Message, k: int | None) -> None:
+        """A flag (1 bit: whether this call's eps_hat is scaled), after it k where it is."""
+        if k is not None:
+            dist.uniform(KAPPA_LEVELS + 1, 1).push(m, np.array([k]))
+        dist.uniform(2, 1).push(m, np.array([0 if k is None else 1]))
         if self.bits_log is not None:
-            self.bits_log.append(KAPPA_BITS)
+            self.bits_log.append(1.0 + (0.0 if k is None else KAPPA_BITS))
 
     @staticmethod
-    def _pop_kappa(m: Message) -> int:
+    def _pop_kappa(m: Message) -> int | None:
+        if not dist.uniform(2, 1).pop(m)[0]:
+            return None
         return int(dist.uniform(KAPPA_LEVELS + 1, 1).pop(m)[0])
 
     def _perm(self, i: int, size: int) -> np.ndarray:
@@ -211,21 +226,27 @@ class ChainCodec:
         qm, qs = self._q1(n_y)
         n = dist.gaussian(qm, qs, sampled=True).pop(m)
         z1, eps = self._eps_y(n)
-        k = self._kappa_y(n_y, z1, eps) if self._scaled(0) else None
+        k = None
+        if self._scaled(0):
+            k = self._kappa_y(n_y, z1, eps)
+            k = self._worth(k, n_y, self._p_y(z1, eps, k), self._p_y(z1, eps))
         pm, ps = self._p_y(z1, eps, k)
         dist.gaussian(pm, ps).push(m, n_y)
         self._track((qm, qs), (pm, ps), n_y, n)
-        if k is not None:
+        if self._scaled(0):
             self._push_kappa(m, k)
         for i in range(self.co.steps - 1):
             qm, qs = self._q_next(i, n)
             n_next = self._pop_q(m, i, qm, qs)
             z_next, eps = self._eps_prev(i, n_next)
-            k = self._kappa_prev(i, n, z_next, eps) if self._scaled(i + 1) else None
+            k = None
+            if self._scaled(i + 1):
+                k = self._kappa_prev(i, n, z_next, eps)
+                k = self._worth(k, n, self._p_prev(i, z_next, eps, k), self._p_prev(i, z_next, eps))
             pm, ps = self._p_prev(i, z_next, eps, k)
             dist.gaussian(pm, ps).push(m, n)
             self._track((qm, qs), (pm, ps), n, n_next)
-            if k is not None:
+            if self._scaled(i + 1):
                 self._push_kappa(m, k)
             n = n_next
             if progress:

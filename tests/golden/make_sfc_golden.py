@@ -77,8 +77,8 @@ CASES = {
     "photo-x3": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
     # 0.9.9: the photo model of 0.9.9 (0.9.8's is photo-4 in the zoo now)
     "photo-x4": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
-    # 0.9.13: the chain's "optimized" schedule (calibration.optimized_grid) and the encoder's
-    # factors on the top two network calls (chain_codec, kappa_top 2), photo-x4's model
+    # 0.9.13: the encoder's factors on the top two network calls (chain_codec, kappa_top 2),
+    # photo-x4's model
     "photo-x5": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
 }
 
