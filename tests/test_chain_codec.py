@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scoreflow_codec import pixels
-from scoreflow_codec.coding.ans import padding_words
+from scoreflow_codec.coding.ans import Message, padding_words
 from scoreflow_codec.coding.chain_codec import ChainSettings, scramble
 from scoreflow_codec.coding.pipeline import build_tile_codec
 from scoreflow_codec.dequant import UniformDequantizer
@@ -287,6 +287,12 @@ def test_kappa_factors_undo_an_overshooting_network():
         return actual
 
     exact, bad = run(model, 0), run(_Overshooting(model, 4.0 / 3.0), 0)
+    # each scaled call logs its flag (1 bit) and, where sent, its k: one entry per call and batch
+    s = ChainSettings(steps=steps, schedule="logsnr", kappa_top=3).to_dict()
+    tc = build_tile_codec(_Overshooting(model, 4.0 / 3.0), UniformDequantizer(), model.sde, "chain", s, micro_batch=8)
+    tc.bits_log = []
+    tc.push(Message(padding_words(PAD)), x)
+    assert sum(b in (1.0, 1.0 + KAPPA_BITS) for b in tc.bits_log) == 3, tc.bits_log
     fixed = run(_Overshooting(model, 4.0 / 3.0), steps)
     assert bad > exact + 0.05 * x.size, (exact, bad)           # the overshoot costs
     assert fixed < bad - 0.85 * (bad - exact), (exact, bad, fixed)  # the factors win most of it back
