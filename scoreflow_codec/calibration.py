@@ -67,14 +67,22 @@ def interpolate(table: dict | None, lam: np.ndarray) -> np.ndarray:
 STEP_FLOOR = 1e-3
 
 
-def chain_step_nats(table: dict | None, lam: np.ndarray) -> np.ndarray:
-    """Expected nats per dimension of each chain step between consecutive entries of `lam` (increasing).
+def step_nats(table: dict | None, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Expected nats per dimension of chain steps from log-SNR a to b > a (elementwise), in
+    exactmath's arithmetic (the same bits on every machine: optimized_grid decides by them).
 
     Exact for a reverse step with the calibrated variance when m is the model's true mean
     denoising error at the step's noisier end (tested against Monte Carlo on Gaussian data).
     """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    m = torch.from_numpy(np.ascontiguousarray(interpolate(table, a)))
+    return (0.5 * em.log1p(em.expm1(torch.from_numpy(np.ascontiguousarray(b - a))) * m)).numpy()
+
+
+def chain_step_nats(table: dict | None, lam: np.ndarray) -> np.ndarray:
+    """`step_nats` of each chain step between consecutive entries of `lam` (increasing)."""
     lam = np.asarray(lam, dtype=np.float64)
-    return 0.5 * np.log1p(np.expm1(np.diff(lam)) * interpolate(table, lam[:-1]))
+    return step_nats(table, lam[:-1], lam[1:])
 
 
 def grid_excess_nats(table: dict | None, lam: np.ndarray) -> float:
@@ -139,29 +147,24 @@ def optimized_grid(table: dict | None, lam_lo: float, lam_hi: float, n: int) -> 
 
 @lru_cache(maxsize=32)
 def _optimized_grid(key: tuple, lam_lo: float, lam_hi: float, n: int) -> np.ndarray:
-    xp, fp = (np.asarray(v, dtype=np.float64) for v in key)
-    lam = step_grid({"log_snr": key[0], "mse": key[1]}, lam_lo, lam_hi, n)
-
-    def step_nats(a: np.ndarray, b: np.ndarray) -> torch.Tensor:  # chain_step_nats, exactly
-        m = torch.from_numpy(em.interp(a, xp, fp))
-        return 0.5 * em.log1p(em.expm1(torch.from_numpy(b - a)) * m)
-
+    table = {"log_snr": key[0], "mse": key[1]}
+    lam = step_grid(table, lam_lo, lam_hi, n)
     for _ in range(OPT_SWEEPS):
         for first in (1, 2):
             i = np.arange(first, n - 1, 2)
             a, b = lam[i - 1], lam[i + 1]
 
-            def cost(x: np.ndarray) -> torch.Tensor:
-                return step_nats(a, x) + step_nats(x, b)
+            def cost(x: np.ndarray) -> np.ndarray:
+                return step_nats(table, a, x) + step_nats(table, x, b)
 
             lo, hi = a.copy(), b.copy()
             x1, x2 = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
-            f1, f2 = cost(x1).numpy(), cost(x2).numpy()
+            f1, f2 = cost(x1), cost(x2)
             for _ in range(OPT_ITERS):
                 left = f1 < f2  # the minimum lies in [lo, x2]: x1 becomes the new x2
                 hi, lo = np.where(left, x2, hi), np.where(left, lo, x1)
                 x_new = np.where(left, hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo))
-                f_new = cost(x_new).numpy()
+                f_new = cost(x_new)
                 x1, x2 = np.where(left, x_new, x2), np.where(left, x1, x_new)
                 f1, f2 = np.where(left, f_new, f2), np.where(left, f1, f_new)
             lam[i] = 0.5 * (lo + hi)
