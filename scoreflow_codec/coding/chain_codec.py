@@ -140,11 +140,6 @@ class ChainCodec:
         y_hat = (z1 - co.sigma[0] * eps) / co.alpha[0]
         return y_hat / self.dy - 0.5, np.full(z1.shape, self.tau / self.dy)
 
-    def _kappa_y(self, n_y: np.ndarray, z1: np.ndarray, eps: np.ndarray) -> int:
-        """The encoder's factor for the decoder: y_hat(kappa) = z1 / alpha - kappa sigma eps / alpha."""
-        co = self.co
-        return kappa_index(z1 / co.alpha[0] - (n_y + 0.5) * self.dy, co.sigma[0] * eps / co.alpha[0])
-
     def _q_next(self, i: int, n_i: np.ndarray):
         """q(z_{i+1} | z_i) for 0-based i (z_1 is index 0)."""
         z = n_i * self.delta[i]
@@ -164,13 +159,6 @@ class ChainCodec:
         mean = co.post_zc[i] * z_next + co.post_xc[i] * y_hat
         return mean / self.delta[i], np.full(z_next.shape, co.rev_std[i] / self.delta[i])
 
-    def _kappa_prev(self, i: int, n: np.ndarray, z_next: np.ndarray, eps: np.ndarray) -> int:
-        """The encoder's factor for p(z_i | z_{i+1}): its mean is m0 - kappa w, m0 the mean
-        without the network's term, w = post_xc sigma eps / alpha (z_i = n delta_i)."""
-        co = self.co
-        m0 = co.post_zc[i] * z_next + co.post_xc[i] * (z_next / co.alpha[i + 1])
-        return kappa_index(m0 - n * self.delta[i], co.post_xc[i] * co.sigma[i + 1] * eps / co.alpha[i + 1])
-
     def _scaled(self, call: int) -> bool:
         """Whether network call `call` (0: the decoder's at t_1, i + 1: p(z_i | z_{i+1})'s) carries a factor."""
         return call < self.s.kappa_top
@@ -182,6 +170,13 @@ class ChainCodec:
             return None
         saved = float(dist.gaussian_bits(x, *plain).sum() - dist.gaussian_bits(x, *scaled).sum())
         return k if saved > KAPPA_BITS else None
+
+    def _choose_kappa(self, params, x: np.ndarray) -> int | None:
+        """The encoder's factor for one call: params(k) gives the coded distribution (mean, std)
+        of x, whose mean is linear in the factor, so the fit needs it at k = 0 and unscaled."""
+        plain, m0 = params(None), params(0)[0]
+        k = kappa_index(m0 - x, m0 - plain[0])
+        return self._worth(k, x, params(k), plain)
 
     def _push_kappa(self, m: Message, k: int | None) -> None:
         """A flag (1 bit: whether this call's eps_hat is scaled), after it k where it is."""
@@ -226,10 +221,7 @@ class ChainCodec:
         qm, qs = self._q1(n_y)
         n = dist.gaussian(qm, qs, sampled=True).pop(m)
         z1, eps = self._eps_y(n)
-        k = None
-        if self._scaled(0):
-            k = self._kappa_y(n_y, z1, eps)
-            k = self._worth(k, n_y, self._p_y(z1, eps, k), self._p_y(z1, eps))
+        k = self._choose_kappa(lambda k: self._p_y(z1, eps, k), n_y) if self._scaled(0) else None
         pm, ps = self._p_y(z1, eps, k)
         dist.gaussian(pm, ps).push(m, n_y)
         self._track((qm, qs), (pm, ps), n_y, n)
@@ -239,10 +231,7 @@ class ChainCodec:
             qm, qs = self._q_next(i, n)
             n_next = self._pop_q(m, i, qm, qs)
             z_next, eps = self._eps_prev(i, n_next)
-            k = None
-            if self._scaled(i + 1):
-                k = self._kappa_prev(i, n, z_next, eps)
-                k = self._worth(k, n, self._p_prev(i, z_next, eps, k), self._p_prev(i, z_next, eps))
+            k = self._choose_kappa(lambda k: self._p_prev(i, z_next, eps, k), n) if self._scaled(i + 1) else None
             pm, ps = self._p_prev(i, z_next, eps, k)
             dist.gaussian(pm, ps).push(m, n)
             self._track((qm, qs), (pm, ps), n, n_next)
