@@ -293,12 +293,13 @@ def load_ema(run: str | Path, device: str = "cpu") -> tuple[ScoreModel, nn.Modul
     return model.eval(), dequant.eval(), mconfig, state
 
 
-def calibrate(model, data: str, images: int = 512, seed: int = 0) -> dict:
-    """The model's denoising-error table (scoreflow_codec.calibration) on training images."""
+def calibrate(model, data: str, images: int = 512, seed: int = 0, dequant: nn.Module | None = None) -> dict:
+    """The model's denoising-error table (scoreflow_codec.calibration) on training images, with
+    u from `dequant` (the model's own dequantizer: what the codec codes with) where given."""
     from scoreflow_codec.calibration import eps_mse_table
 
     x = center_crops(load_images(data), 32, images)  # the codec's tile size
-    return eps_mse_table(model, x, generator=torch.Generator().manual_seed(seed))
+    return eps_mse_table(model, x, generator=torch.Generator().manual_seed(seed), dequantizer=dequant)
 
 
 def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str | None = None,
@@ -316,7 +317,7 @@ def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str 
     info = {"step": state["step"], "images_seen": state.get("images", 0), "train_seconds": state.get("elapsed", 0.0),
             "train_config": state["config"], "last_eval": state.get("last", {}), **(extra or {})}
     if calib_images > 0:
-        info["eps_mse"] = calibrate(model, state["config"]["data"], calib_images)
+        info["eps_mse"] = calibrate(model, state["config"]["data"], calib_images, dequant=dequant)
     info["name"] = name or Path(path).stem  # the name the codec loads it as (modelfile reads info's)
     config = {"preset": mconfig["preset"], "info": info, "codec": {"tile": tile, "chain_steps": chain_steps}}
     return modelfile.save_model(path, model, dequant, config, dtype=dtype)
