@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -46,8 +45,6 @@ def predicted_excess(model, steps, schedule: str | None = None) -> dict[int, flo
     """{steps: predicted excess of the model's chain over the continuous bound, bits/dim}; empty
     for a model file without a denoising-error table (exported with --calib-images 0): nothing to
     predict from (the formula with m = 0 would say the steps cost nothing)."""
-    import torch
-
     from scoreflow_codec import api, calibration
 
     table = api._eps_mse(model)
@@ -55,8 +52,7 @@ def predicted_excess(model, steps, schedule: str | None = None) -> dict[int, flo
         return {}
     out = {}
     for n in steps:
-        ts = _chain(model, n, schedule).ts[::-1].copy()  # the latents' log-SNRs, increasing
-        out[n] = calibration.grid_excess_nats(table, model.sde.log_snr(torch.from_numpy(ts)).numpy()) / math.log(2)
+        out[n] = calibration.chain_excess_bpd(table, model.sde, _chain(model, n, schedule).ts)
     return out
 
 

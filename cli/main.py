@@ -328,7 +328,8 @@ def info(input, as_json):
         click.echo(f"stream:    the seed codec alone (classical, version {ss['seed']}), {f['n_tiles']} tile(s) "
                    f"of up to {ss['tile']}px")
     else:
-        click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles "
+        which = "chosen by the encoder" if ss.get("seed_tiles") == "chosen" else "the first"
+        click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles, {which} "
                    f"(seed codec version {ss['seed']}), batching={ss['batching']}")
 
 

@@ -46,7 +46,7 @@ FORMAT_DEFAULTS = {
     "chain": {"steps": 64, "lattice_bits": 8, "lattice_ratio": 4.0, "schedule": "logsnr", "reverse_var": "calibrated",
               "kappa_top": 0},
     "stream": {"tile": 32, "n_seed": None, "batching": "growth", "growth": 0.25, "max_batch": 32, "fill_std": 1.5, "pad_words": None,
-               "seed": 1},
+               "seed": 1, "seed_tiles": "first"},
 }
 
 
@@ -62,7 +62,7 @@ def full_settings(header: dict) -> tuple[dict, dict]:
 
 def default_stream_settings(model, tile: int | None = None) -> stream.StreamSettings:
     """The stream settings compress uses with a model: its tile size (LoadedModel.tile) unless given."""
-    return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)))
+    return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)), seed_tiles="chosen")
 
 
 def tiles_like(n32: int, tile: int) -> int:
@@ -339,9 +339,11 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     elif estimate is not None and estimate.mean > threshold:
         skipped = "estimate"
     if skipped is None:
+        tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim()) \
+            if ss.seed_tiles == "chosen" else None
         try:
             with _model_run(None):
-                payload, fields, rep = stream.encode(images, codec, ss, progress, track)
+                payload, fields, rep = stream.encode(images, codec, ss, progress, track, tile_bits)
         except ValueError as e:
             # a coder refused a value: the solver left the range it can code (steps far too few)
             hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
@@ -362,6 +364,12 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
 FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"
 FALLBACK_MARGIN_BPD = 0.05  # the model's stream is coded unless its bound is this far above the seed file
 FALLBACK_Z = 4.0            # the estimate stops once this many standard errors from the threshold
+# time samples per tile of the bound that chooses the seed tiles (tile_model_bits): the choice ranks
+# single tiles, so it wants each tile's bound to about 0.1 bits/dim (64 samples at 32x32; with 16,
+# the first 32 CIFAR-10 test images' chosen seed tiles cost 3,449 bits more than the model would,
+# with 64 1,100, the least possible); the samples fall as 1 / tiles (as 32x32 tiles) beyond
+# CHOICE_TILES, to CHOICE_N_T_MIN, so that the estimate stays a small part of the encode
+CHOICE_N_T, CHOICE_N_T_MIN, CHOICE_TILES = 64, 16, 64
 
 
 def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu",
@@ -396,6 +404,33 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     activity = np.concatenate([tile_activity(tiles_at(range(s, min(s + 64, len(refs))))) for s in range(0, len(refs), 64)])
     return sequential_mean(evaluate, weights, tiles_like(64, tile), threshold, FALLBACK_Z, np.random.default_rng(0),
                            covariate=activity)
+
+
+def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu",
+                    excess_bpd: float = 0.0) -> np.ndarray:
+    """Per tile of the stream (stream.T.plan_tiles order), the bits the model's stream is expected to
+    take for its colour values: (bound + excess_bpd) x its dims, the bound per dim with the float32
+    network (stratified time samples: CHOICE_N_T, fewer for many tiles; the tile edge-padded as
+    evaluate_images pads it).
+    An estimate that steers the encoder's choice of seed tiles (stream.choose_seed_tiles), never a
+    size. NaN for the tiles of grey images (their colour planes are partly latent in the model)."""
+    import torch
+
+    from . import likelihood
+
+    refs = stream.T.plan_tiles([s.color.shape if s.color is not None else (0, 0, 0) for s in sources], tile)
+    out = np.full(len(refs), np.nan)
+    rgb = [i for i, r in enumerate(refs) if sources[r.image].color.shape[0] == 3]
+    gen = torch.Generator().manual_seed(0)
+    step = tiles_like(64, tile)
+    n32 = len(rgb) * tile * tile / (32 * 32)
+    n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
+    for s in range(0, len(rgb), step):
+        idx = rgb[s:s + step]
+        xb = torch.from_numpy(np.stack([padded_tile(sources[refs[i].image].color, refs[i], tile) for i in idx])).to(device)
+        bpd = likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=n_t, generator=gen).double().cpu().numpy()
+        out[idx] = (bpd + excess_bpd) * np.array([3 * refs[i].h * refs[i].w for i in idx])
+    return out
 
 
 def tile_activity(tiles: np.ndarray) -> np.ndarray:
@@ -517,7 +552,8 @@ _SETTING_RULES = {
     "stream": {"tile": (_INT, 4, 1024), "n_seed": (_INT, 0, None), "batching": stream.BATCHINGS,
                "growth": (_NUM, 0, 1e6),
                "max_batch": (_INT, 1, MAX_MICRO_BATCH * 64), "fill_std": (_NUM, 1e-3, 1e3),
-               "pad_words": (_INT, 0, MAX_PAD_WORDS), "seed": (_INT, 1, max(stream.SEED_VERSIONS))},
+               "pad_words": (_INT, 0, MAX_PAD_WORDS), "seed": (_INT, 1, max(stream.SEED_VERSIONS)),
+               "seed_tiles": stream.SEED_TILES},
     "setup": {"micro_batch": (_INT, 1, MAX_MICRO_BATCH), "threads": (_INT, 1, MAX_THREADS)},
     "fields": {"n_seed": (_INT, 0, None), "n_tiles": (_INT, 0, None), "pad_words": (_INT, 0, MAX_PAD_WORDS),
                "pad_stripped": (_INT, 0, MAX_PAD_WORDS)},

@@ -175,10 +175,12 @@ def test_older_seed_codec_versions_still_decode(model, source, version):
 
 def test_progress_ticks_add_up_to_the_work_units(model):
     """Encode and decode tick solver steps x tiles (seed tiles included), the totals the progress
-    bars are given before the batch sizes are known. Noise: two seed tiles, two through the net."""
+    bars are given before the batch sizes are known. Noise: two seed tiles, two through the net
+    (the first tiles: with seed tiles "chosen" this untrained model would leave all four to the
+    seed codec)."""
     noise = images.from_array(np.random.default_rng(0).integers(0, 256, (32, 128, 3)).astype(np.uint8))
     ticks, back = [], []
-    data, rep = api.compress([noise], model, "chain", SETTINGS, progress=ticks.append)
+    data, rep = api.compress([noise], model, "chain", SETTINGS, progress=ticks.append, stream_settings=StreamSettings())
     assert 0 < rep.stream.n_seed < rep.stream.n_tiles == 4
     assert sum(ticks) == api.compress_work_units([noise], model, "chain", SETTINGS) == 15 * 4
     api.check_identical([noise], api.decompress(data, model, progress=back.append))
@@ -189,13 +191,14 @@ def test_progress_ticks_add_up_to_the_work_units(model):
 def test_real_codecs_pop_no_padding(model, mode):
     """The pipelines' deficit_bits_per_dim bounds what a batch pops before it pushes: with "bits"
     batching a flat image (its seed tiles cost almost nothing) followed by noise reaches no
-    padding (<= 64 bits: the ANS head's words), where the fixed schedule pops a lot of it."""
+    padding (<= 64 bits: the ANS head's words), where the fixed schedule pops a lot of it. Seed
+    tiles "first": with "chosen" this untrained model would leave every tile to the seed codec."""
     arr = np.random.default_rng(1).integers(0, 256, (32, 320, 3)).astype(np.uint8)
     arr[:, :160] = 90
     src = images.from_array(arr)
     st = {"steps": 4} if mode == "ode" else SETTINGS
     # the float32 arithmetic (4x faster): the deficits do not depend on the arithmetic
-    _, bits = api.compress([src], model, mode, st, arith="float32")
+    _, bits = api.compress([src], model, mode, st, stream_settings=StreamSettings(), arith="float32")
     _, growth = api.compress([src], model, mode, st, stream_settings=StreamSettings(batching="growth"), arith="float32")
     assert bits.stream.pad_consumed_bits <= 64 < 4096 < growth.stream.pad_consumed_bits
     assert bits.stream.n_seed < bits.stream.n_tiles == 10

@@ -246,3 +246,28 @@ def test_cli_says_why_an_index_palette_has_no_model_stream(tmp_path, monkeypatch
     assert r.exit_code == 0, r.output
     assert "no image has colour planes for the model" in r.output, r.output
     assert images.to_pil(api.decompress(out.read_bytes(), None)[0]).tobytes() == Image.open(png).tobytes()
+
+
+def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
+    """compress's seed tiles are "chosen": a ramp in the last two tiles of an image that the model
+    otherwise codes far better than the seed codec goes to the seed codec, wherever it lies, and
+    the file is smaller than with the first tiles as seed tiles; both decode."""
+    t = gaussian_images(model.model, 8, torch.Generator().manual_seed(6))  # [8, 3, 32, 32]
+    t[6:] = _gradient(32, 32).transpose(2, 0, 1)
+    arr = np.ascontiguousarray(np.concatenate([np.concatenate(list(t[r * 4:r * 4 + 4]), 2) for r in (0, 1)], 1).transpose(1, 2, 0))
+    src = [images.from_array(arr)]
+    first, rep_f = api.compress(src, model, "chain", SETTINGS, stream_settings=api.stream.StreamSettings())
+    chosen, rep_c = api.compress(src, model, "chain", SETTINGS, track=True)
+    assert container.unpack(chosen)[0]["stream"]["seed_tiles"] == "chosen"
+    assert "seed_tiles" not in container.unpack(first)[0]["stream"]  # the format default, "first"
+    for data in (first, chosen):
+        assert np.array_equal(api.decompress(data, model)[0].color, src[0].color)
+    est = api.tile_model_bits(src, model, 32)
+    assert est[6:].min() > 8 * est[:6].max() / 5  # the model's estimate: the ramp is its dearest
+    assert len(chosen) < len(first) - 100, (len(chosen), len(first))
+    assert rep_c.stream.n_seed >= 2 and abs(rep_c.payload_bits - rep_c.predicted_bits) <= 64 + 1e-4 * rep_c.predicted_bits
+    from cli.main import cli
+
+    (tmp_path / "c.sfc").write_bytes(chosen)
+    r = CliRunner().invoke(cli, ["info", str(tmp_path / "c.sfc")], prog_name="sfcodec")
+    assert r.exit_code == 0 and f"{rep_c.stream.n_seed} seed tiles, chosen by the encoder" in r.stdout, r.stdout

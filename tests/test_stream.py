@@ -165,3 +165,102 @@ def test_seed_only_tiles_stop_at_the_format_limit():
     assert st.tile == stream.SEED_ONLY_MAX_TILE == 1024
     assert st.n_seed == 2 + 1  # 1500x700 in two tiles, the gray 5x3 in one
     assert stream.seed_only_settings([(1, 2, 3)]).tile == 4  # the format's smallest tile
+
+
+def test_choose_seed_tiles():
+    """Every tile the seed codec codes cheaper than the model's estimate, then, until the first model
+    tile's need is covered, the cheapest moves; tiles without an estimate last, in tile order."""
+    seed = np.array([100.0, 50.0, 80.0, 60.0, 90.0])
+    model = np.array([90.0, 70.0, 60.0, np.nan, 95.0])
+
+    def need(_j):
+        return 0.0
+
+    assert stream.choose_seed_tiles(seed, model, need, margin=0).tolist() == [False, True, False, False, True]
+    # more need: the next cheapest moves are tile 0 (+10) then tile 2 (+20), the unestimated tile 3 last
+    assert stream.choose_seed_tiles(seed, model, lambda j: 160.0, margin=0).tolist() == [True, True, False, False, True]
+    assert stream.choose_seed_tiles(seed, model, lambda j: 300.0, margin=0).tolist() == [True, True, True, False, True]
+    assert stream.choose_seed_tiles(seed, model, lambda j: 330.0, margin=0).tolist() == [True] * 5
+    # the need of the first model tile (here tile 2 after the cheaper ones went) is what counts
+    assert stream.choose_seed_tiles(seed, model, lambda j: 1e9 if j == 0 else 0.0, margin=0).tolist() == \
+        [True, True, False, False, True]
+    # no estimates at all: the first tiles, as "first" takes them
+    assert stream.choose_seed_tiles(seed, None, lambda j: 120.0, margin=0).tolist() == [True, True, False, False, False]
+    # a move dearer than what the first batch would pop from the padding is not made: with 140 on
+    # the stack, a need of 145 leaves 5 short, and tile 0's move costs 10
+    assert stream.choose_seed_tiles(seed, model, lambda j: 145.0, margin=0).tolist() == [False, True, False, False, True]
+    assert stream.choose_seed_tiles(seed, model, lambda j: 151.0, margin=0).tolist() == [True, True, False, False, True]
+
+
+@pytest.mark.parametrize("n,k", [(1, 0), (1, 1), (7, 0), (7, 7), (32, 4), (96, 50)])
+def test_seed_choice_flags_round_trip_and_cost_log2_binomial(n, k):
+    rng = np.random.default_rng(n * 100 + k)
+    chosen = np.zeros(n, dtype=bool)
+    chosen[rng.choice(n, k, replace=False)] = True
+    m = Message(np.array([7, 1], dtype=np.uint32))
+    before = m.num_bits()
+    bits = stream.push_seed_choice(m, chosen)
+    assert bits == pytest.approx(math.log2(math.comb(n, k)), abs=1e-3 * n + 1e-9)
+    assert abs(m.num_bits() - before - bits) <= 32 + 1e-9
+    assert np.array_equal(stream.pop_seed_choice(m, n, k), chosen)
+    assert m.words().tolist() == [7, 1]
+    assert stream.seed_order(chosen).tolist() == np.flatnonzero(chosen).tolist() + np.flatnonzero(~chosen).tolist()
+
+
+def test_chosen_seed_tiles_round_trip_and_cost_what_they_say():
+    """seed_tiles "chosen": the tiles the estimate says the seed codec codes cheaper become seed
+    tiles wherever they lie, the stream decodes, and its size is the predicted codelength."""
+    imgs = _images(6)
+    st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen")
+    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
+    own = np.array([seed_bits(T.known_block(imgs[r.image].color, r)) for r in refs])
+    est = own - 1000.0  # the model far cheaper everywhere ...
+    cheap = [5, len(refs) - 2]
+    est[cheap] = own[cheap] + 1.0  # ... but on two tiles in the middle and at the end
+    codec = FakeBitsBackCodec()
+    payload, fields, rep = stream.encode(imgs, codec, st, tile_bits=est)
+    chosen = stream.choose_seed_tiles(own, est, lambda j: stream.need_bits([refs[j]], [imgs[refs[j].image].color.shape[0]], 8, DEFICIT))
+    assert chosen[cheap].all() and fields["n_seed"] == rep.n_seed == chosen.sum() < len(refs)
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+    back = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st)
+    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
+    flags = math.log2(math.comb(len(refs), int(chosen.sum())))
+    sizes = sum(math.log2(min(st.max_batch, e - rep.n_seed)) for _, e in rep.batches)
+    assert rep.signal_bits == pytest.approx(sizes + flags, abs=0.05)
+    predicted = rep.extra_bits + rep.seed_bits + codec.net_bits + rep.model_bits + rep.signal_bits
+    assert rep.pad_consumed_bits <= 64
+    assert abs(rep.payload_bits - rep.pad_consumed_bits - predicted) < 64 + 1e-4 * predicted
+    # decoded with "first" (the header's seed_tiles lost), the same payload does not come back
+    with pytest.raises(Exception):
+        wrong = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), StreamSettings(tile=8, batching="bits"))
+        assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, wrong))
+
+
+def test_chosen_seed_tiles_need_bits_batching():
+    for st in (StreamSettings(tile=8, batching="growth", seed_tiles="chosen"),
+               StreamSettings(tile=8, batching="bits", n_seed=2, seed_tiles="chosen"),
+               StreamSettings(tile=8, seed_tiles="some")):
+        with pytest.raises(ValueError, match="seed_tiles"):
+            stream.encode(_images(), FakeBitsBackCodec(), st)
+
+
+def test_a_chosen_stream_written_by_0_9_14_decodes():
+    """tests/golden/stream-chosen.bin: the stream of test_chosen_seed_tiles_round_trip_and_cost_what_
+    they_say as 0.9.14 wrote it (the fake codec, seed tiles 5 and 78 of 80): its choice flags and
+    tile order must keep decoding as they did, and the encoder must keep writing the same words."""
+    from pathlib import Path
+
+    imgs = _images(6)
+    st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen")
+    words = np.frombuffer((Path(__file__).parent / "golden" / "stream-chosen.bin").read_bytes(), dtype="<u4")
+    fields = {"n_seed": 2, "pad_words": 2001, "pad_stripped": 2000, "n_tiles": 80}
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+    back = stream.decode(words.astype(np.uint32), fields, shapes, FakeBitsBackCodec(), st)
+    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
+    assert np.array_equal(back[3].extra, imgs[3].extra)
+    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
+    own = np.array([seed_bits(T.known_block(imgs[r.image].color, r)) for r in refs])
+    est = own - 1000.0
+    est[[5, 78]] = own[[5, 78]] + 1.0
+    payload, again, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
+    assert again == fields and np.array_equal(payload, words)

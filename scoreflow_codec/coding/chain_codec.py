@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .. import calibration
 from ..discrete_chain import ChainCoeffs, chain_coeffs
 from ..sde import SDE
 from . import distributions as dist
@@ -109,6 +110,7 @@ class ChainCodec:
             raise ValueError("chain mode needs at least 2 steps")
         self.ev = evaluator
         self.s = settings
+        self.sde, self.eps_mse = sde, eps_mse
         self.co: ChainCoeffs = settings.coefficients(sde, eps_mse)
         co = self.co
         T = co.steps
@@ -263,6 +265,11 @@ class ChainCodec:
         qm, qs = self._q1(n_y)
         dist.gaussian(qm, qs, sampled=True).push(m, n)
         return n_y
+
+    def excess_bits_per_dim(self) -> float:
+        """What the chain is expected to cost above the model's continuous bound, bits/dim, from the
+        model's denoising-error table (calibration.chain_excess_bpd; 0 without a table)."""
+        return calibration.chain_excess_bpd(self.eps_mse, self.sde, self.co.ts) if self.eps_mse else 0.0
 
     def deficit_bits_per_dim(self) -> float:
         """Bits per dim a batch pops (z_1) before it pushes any back (lattice stds < 2 ratio)."""

@@ -50,6 +50,9 @@ class DensityTileCodec:
     def deficit_bits_per_dim(self) -> float:
         return self.L + self.flow.deficit_bits_per_dim()
 
+    def excess_bits_per_dim(self) -> float:
+        return self.flow.excess_bits_per_dim()
+
     def steps_per_batch(self) -> int:
         return steps_per_batch("chain" if isinstance(self.flow, ChainCodec) else "ode", self.flow.s.steps)
 

@@ -2,8 +2,9 @@
 
 Push order on the stack (the decoder pops in reverse):
   1. extra planes (alpha, palette indices) of every image, with the classical seed codec;
-  2. the first `n_seed` tiles, with the seed codec: real bits for the bits-back below to pop;
-  3. the remaining tiles in batches of growing size, each with bits-back through the model.
+  2. `n_seed` tiles with the seed codec: real bits for the bits-back below to pop;
+  3. the remaining tiles in batches of growing size, each with bits-back through the model;
+  4. with `seed_tiles` "chosen", which tiles were the seed tiles (popped first).
 The stack starts from `pad_words` pseudo-random words (ans.padding_words); whatever a batch pops
 beyond what is on the stack comes from them. At the end the untouched bottom of the stack equals
 a prefix of the padding and is not stored: the decoder re-prepends it, and checks at the end that
@@ -21,6 +22,16 @@ never touches the padding.
     the seed codes at well under the 4.5 bits/dim a fixed count assumes.
   "growth": sizes floor(growth x tiles so far) and ceil(deficit / SEED_RATE_GUESS) seed tiles,
     fixed by the tile count alone (the first schedule; files that name no batching use it).
+
+Seed tiles (`seed_tiles`).
+  "first": the first n_seed tiles in tile order (files that name none).
+  "chosen" ("bits" batching only): the encoder picks them (`choose_seed_tiles`). Each seed tile
+    costs what the seed codec makes of it where the model would have cost its bits-back codelength,
+    so the encoder takes every tile that the seed codec codes in fewer bits than the model is
+    expected to (the caller's estimate, `tile_bits`), then, while the stack would not yet cover the
+    first model tile's need, the tiles whose move costs least. The seed tiles are coded first and
+    the model's tiles after them, each in tile order; which tiles are which is pushed last, one flag
+    per tile with probability (seed tiles left) / (tiles left): log2 C(n, n_seed) bits in all.
 """
 from __future__ import annotations
 
@@ -34,10 +45,12 @@ from ..errors import BadFileError
 from . import distributions as dist
 from . import tiles as T
 from .ans import Message, common_prefix_len, padding_words
-from .seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, seed_codec, seed_push
+from .seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, seed_bits, seed_codec, seed_push
 
 SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
 BATCHINGS = ("bits", "growth")
+SEED_TILES = ("first", "chosen")
+SEED_MARGIN_BITS = 64.0  # "chosen": the seed tiles' bits cover the first model tile's need by this much
 FILL_BITS = math.log2(2 * T.FILL_WINDOW + 1)  # at most, per latent fill pixel
 
 
@@ -63,6 +76,7 @@ class StreamSettings:
     fill_std: float = 1.5
     pad_words: int | None = None  # None: sized from the deficit of the largest batch
     seed: int = LATEST_SEED      # the seed codec's version (files that name none: 1)
+    seed_tiles: str = "first"    # "first" or "chosen" (module docstring); compress: "chosen"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -168,6 +182,75 @@ def size_codec(max_batch: int, n_seed: int, end: int):
     return dist.uniform(size_choices(max_batch, n_seed, end), 1)
 
 
+def choose_seed_tiles(seed_bits: np.ndarray, model_bits: np.ndarray | None,
+                      need_of: Callable[[int], float], margin: float = SEED_MARGIN_BITS) -> np.ndarray:
+    """Which tiles ("chosen" seed tiles) go through the seed codec: bool [n].
+
+    seed_bits: what the seed codec makes of each tile; model_bits: what the model is expected to
+    (NaN: no estimate; None: none at all); need_of(j): the first batch's need if tile j is the
+    first model tile. Every tile with seed_bits < model_bits, then, until the seed tiles' bits
+    cover the first model tile's need plus `margin`, the tile whose move costs least (seed_bits -
+    model_bits; tiles without an estimate after those with one, in tile order), unless that move
+    costs more than the first batch would pop beyond the stack: those bits come from the padding,
+    which the file stores in full, so they cost what they are and no more."""
+    n = len(seed_bits)
+    model = np.full(n, np.nan) if model_bits is None else np.asarray(model_bits, dtype=np.float64)
+    chosen = np.asarray(seed_bits, dtype=np.float64) < model  # False where model is NaN
+    known = ~np.isnan(model)
+    cost = np.where(known, seed_bits - np.where(known, model, 0.0), np.inf)
+    order = iter(np.lexsort((np.arange(n), cost)))  # by cost, NaN (inf) last, ties in tile order
+    have = float(np.sum(np.asarray(seed_bits)[chosen]))
+    while not chosen.all():
+        short = need_of(int(np.argmin(chosen))) + margin - have  # argmin: the first model tile
+        if short <= 0:
+            break
+        j = next(i for i in order if not chosen[i])
+        if np.isfinite(cost[j]) and cost[j] >= short:  # an unestimated tile's move is taken
+            break
+        chosen[j] = True
+        have += float(seed_bits[j])
+    return chosen
+
+
+def _choice_probs(k_left: int, n_left: int) -> np.ndarray:
+    return np.array([[float(n_left - k_left), float(k_left)]])
+
+
+def push_seed_choice(m: Message, chosen: np.ndarray) -> float:
+    """Push the flags of `chosen` (bool [n]) so that pop_seed_choice reads them in tile order, each
+    with probability (seed tiles left) / (tiles left); returns their bits (log2 C(n, k) up to the
+    coder's rounding; a flag that the counts decide costs nothing and is not coded)."""
+    n, bits = len(chosen), 0.0
+    left = np.concatenate([np.cumsum(chosen[::-1])[::-1], [0]])  # seed tiles among i..n-1
+    for i in reversed(range(n)):
+        k_left, n_left = int(left[i]), n - i
+        if 0 < k_left < n_left:
+            p = _choice_probs(k_left, n_left)
+            dist.categorical(p).push(m, np.array([int(chosen[i])]))
+            bits += float(dist.categorical_bits(np.array([int(chosen[i])]), p)[0])
+    return bits
+
+
+def pop_seed_choice(m: Message, n: int, k: int) -> np.ndarray:
+    """The flags push_seed_choice pushed, for n tiles of which k are seed tiles."""
+    chosen = np.zeros(n, dtype=bool)
+    for i in range(n):
+        n_left = n - i
+        if k == 0:
+            break
+        if k == n_left:
+            chosen[i:] = True
+            break
+        chosen[i] = bool(dist.categorical(_choice_probs(k, n_left)).pop(m)[0])
+        k -= int(chosen[i])
+    return chosen
+
+
+def seed_order(chosen: np.ndarray) -> np.ndarray:
+    """Tile indices in coding order: the seed tiles, then the model's, each in tile order."""
+    return np.concatenate([np.flatnonzero(chosen), np.flatnonzero(~chosen)])
+
+
 class TileBatchCodec:
     """A batch of tiles: bits-back over the latent fill pixels, then the model codec."""
 
@@ -205,15 +288,36 @@ def _ticks(progress, n: int):
     return None if progress is None else (lambda k: progress(k * n))
 
 
+def _check_seed_tiles(settings: StreamSettings, error=ValueError) -> None:
+    if settings.seed_tiles not in SEED_TILES:
+        raise error(f"unknown seed_tiles {settings.seed_tiles!r}")
+    if settings.seed_tiles == "chosen" and (settings.batching != "bits" or settings.n_seed is not None):
+        raise error("seed_tiles 'chosen' needs batching 'bits' and no fixed n_seed")
+
+
 def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSettings,
-           progress: Callable[[int], None] | None = None, track: bool = False) -> tuple[np.ndarray, dict, StreamReport]:
-    """Returns (payload words, header fields needed to decode, report)."""
+           progress: Callable[[int], None] | None = None, track: bool = False,
+           tile_bits: np.ndarray | None = None) -> tuple[np.ndarray, dict, StreamReport]:
+    """Returns (payload words, header fields needed to decode, report).
+
+    tile_bits: with seed_tiles "chosen", the bits the model is expected to take for each tile
+    (T.plan_tiles order; NaN where unknown), which steers the choice of seed tiles (without it the
+    choice follows the need alone)."""
     if settings.batching not in BATCHINGS:
         raise ValueError(f"unknown batching {settings.batching!r}")
+    _check_seed_tiles(settings)
     refs = T.plan_tiles([im.color_shape for im in images], settings.tile)
     chans = [images[r.image].color.shape[0] for r in refs]
     n = len(refs)
     n_seed, pad_n = resolve(settings, codec, n)
+    chosen = None
+    if settings.seed_tiles == "chosen":
+        deficit = codec.deficit_bits_per_dim()
+        own = np.array([seed_bits(T.known_block(images[r.image].color, r), settings.seed) for r in refs])
+        chosen = choose_seed_tiles(own, tile_bits,
+                                   lambda j: need_bits([refs[j]], [chans[j]], settings.tile, deficit))
+        order = seed_order(chosen)
+        refs, chans, n_seed = [refs[i] for i in order], [chans[i] for i in order], int(chosen.sum())
     rep = StreamReport(n_tiles=n, pad_words=pad_n)
     pad = padding_words(pad_n)
     m = Message(pad)
@@ -257,6 +361,8 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
         rep.batches.append((s, e))
         rep.room_bits.append(room)
         s = e
+    if chosen is not None:
+        rep.signal_bits += push_seed_choice(m, chosen)
     if track:
         rep.model_bits += float(sum(codec.bits_log))
     codec.bits_log = None
@@ -283,11 +389,14 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
         raise BadFileError(f"corrupt header: unknown batching {settings.batching!r}")
     if settings.seed not in SEED_VERSIONS:
         raise BadFileError(f"corrupt header: unknown seed codec version {settings.seed!r}")
+    _check_seed_tiles(settings, lambda msg: BadFileError(f"corrupt header: {msg}"))
     pad = padding_words(pad_n)
     words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
     if len(words) == 0 or words[-1] == 0:
         raise BadFileError("corrupt payload: not a valid ANS stack")
     m = Message(words)
+    if settings.seed_tiles == "chosen":
+        refs = [refs[i] for i in seed_order(pop_seed_choice(m, len(refs), n_seed))]
     fixed = T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch) \
         if settings.batching == "growth" else None
     colors = [np.zeros(s[0], dtype=np.uint8) if s[0][0] else None for s in shapes]
