@@ -296,8 +296,11 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         _check_values(mode, settings, _SETTING_RULES[mode], False)
         _check_values("stream", ss.to_dict(), _SETTING_RULES["stream"], False)
         _check_values("setup", {"micro_batch": micro_batch}, _SETTING_RULES["setup"], False)
+        stream.check_seed_tiles(ss)
     except BadFileError as e:
         raise SfcError(str(e).replace("corrupt header: ", "")) from None
+    except ValueError as e:
+        raise SfcError(str(e)) from None
     if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     _check_arith(arith, device)

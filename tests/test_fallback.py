@@ -266,8 +266,13 @@ def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
     assert est[6:].min() > 8 * est[:6].max() / 5  # the model's estimate: the ramp is its dearest
     assert len(chosen) < len(first) - 100, (len(chosen), len(first))
     assert rep_c.stream.n_seed >= 2 and abs(rep_c.payload_bits - rep_c.predicted_bits) <= 64 + 1e-4 * rep_c.predicted_bits
-    from cli.main import cli
+    from dataclasses import replace
 
+    from cli.main import cli
+    from scoreflow_codec.errors import SfcError
+
+    with pytest.raises(SfcError, match="seed_tiles 'chosen' needs batching 'bits'"):  # refused before any work
+        api.compress(src, model, "chain", SETTINGS, stream_settings=replace(api.default_stream_settings(model), batching="growth"))
     (tmp_path / "c.sfc").write_bytes(chosen)
     r = CliRunner().invoke(cli, ["info", str(tmp_path / "c.sfc")], prog_name="sfcodec")
     assert r.exit_code == 0 and f"{rep_c.stream.n_seed} seed tiles, chosen by the encoder" in r.stdout, r.stdout

@@ -288,7 +288,7 @@ def _ticks(progress, n: int):
     return None if progress is None else (lambda k: progress(k * n))
 
 
-def _check_seed_tiles(settings: StreamSettings, error=ValueError) -> None:
+def check_seed_tiles(settings: StreamSettings, error=ValueError) -> None:
     if settings.seed_tiles not in SEED_TILES:
         raise error(f"unknown seed_tiles {settings.seed_tiles!r}")
     if settings.seed_tiles == "chosen" and (settings.batching != "bits" or settings.n_seed is not None):
@@ -305,7 +305,7 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
     choice follows the need alone)."""
     if settings.batching not in BATCHINGS:
         raise ValueError(f"unknown batching {settings.batching!r}")
-    _check_seed_tiles(settings)
+    check_seed_tiles(settings)
     refs = T.plan_tiles([im.color_shape for im in images], settings.tile)
     chans = [images[r.image].color.shape[0] for r in refs]
     n = len(refs)
@@ -389,7 +389,7 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
         raise BadFileError(f"corrupt header: unknown batching {settings.batching!r}")
     if settings.seed not in SEED_VERSIONS:
         raise BadFileError(f"corrupt header: unknown seed codec version {settings.seed!r}")
-    _check_seed_tiles(settings, lambda msg: BadFileError(f"corrupt header: {msg}"))
+    check_seed_tiles(settings, lambda msg: BadFileError(f"corrupt header: {msg}"))
     pad = padding_words(pad_n)
     words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
     if len(words) == 0 or words[-1] == 0:
