@@ -396,7 +396,7 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     weights = np.array([sources[r.image].num_dims / per_image[r.image] for r in refs])
 
     def tiles_at(idx) -> np.ndarray:  # built per batch: never every tile of a large set at once
-        return np.stack([padded_tile(sources[refs[i].image].color, refs[i], tile) for i in idx])
+        return padded_tiles(sources, refs, idx, tile)
 
     gen = torch.Generator().manual_seed(0)
 
@@ -430,7 +430,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
     for s in range(0, len(rgb), step):
         idx = rgb[s:s + step]
-        xb = torch.from_numpy(np.stack([padded_tile(sources[refs[i].image].color, refs[i], tile) for i in idx])).to(device)
+        xb = torch.from_numpy(padded_tiles(sources, refs, idx, tile)).to(device)
         bpd = likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=n_t, generator=gen).double().cpu().numpy()
         out[idx] = (bpd + excess_bpd) * np.array([3 * refs[i].h * refs[i].w for i in idx])
     return out
@@ -824,6 +824,11 @@ def padded_tile(color: np.ndarray, ref, size: int) -> np.ndarray:
     """One tile (a tiles.TileRef) of colour planes [C, H, W], edge-padded to [C, size, size]."""
     blk = stream.T.known_block(color, ref)
     return np.pad(blk, ((0, 0), (0, size - blk.shape[1]), (0, size - blk.shape[2])), mode="edge")
+
+
+def padded_tiles(sources: list[imgs.SourceImage], refs, idx, size: int) -> np.ndarray:
+    """The colour planes of tiles `idx` of refs (tiles.TileRef over sources), edge-padded: [n, C, size, size]."""
+    return np.stack([padded_tile(sources[refs[i].image].color, refs[i], size) for i in idx])
 
 
 def image_tiles(arr: np.ndarray, size: int = 32) -> np.ndarray:

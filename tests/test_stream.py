@@ -207,16 +207,24 @@ def test_seed_choice_flags_round_trip_and_cost_log2_binomial(n, k):
     assert stream.seed_order(chosen).tolist() == np.flatnonzero(chosen).tolist() + np.flatnonzero(~chosen).tolist()
 
 
+def _seed_cheaper_on(imgs, cheap):
+    """(tiles, their seed codec bits, an estimate of the model's bits): the model far cheaper than
+    the seed codec everywhere but on the tiles `cheap`."""
+    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
+    own = np.array([seed_bits(T.known_block(imgs[r.image].color, r)) for r in refs])
+    est = own - 1000.0
+    est[cheap] = own[cheap] + 1.0
+    return refs, own, est
+
+
 def test_chosen_seed_tiles_round_trip_and_cost_what_they_say():
     """seed_tiles "chosen": the tiles the estimate says the seed codec codes cheaper become seed
     tiles wherever they lie, the stream decodes, and its size is the predicted codelength."""
     imgs = _images(6)
     st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen")
-    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
-    own = np.array([seed_bits(T.known_block(imgs[r.image].color, r)) for r in refs])
-    est = own - 1000.0  # the model far cheaper everywhere ...
-    cheap = [5, len(refs) - 2]
-    est[cheap] = own[cheap] + 1.0  # ... but on two tiles in the middle and at the end
+    cheap = [5, 78]  # two tiles of the 80, in the middle and at the end
+    refs, own, est = _seed_cheaper_on(imgs, cheap)
+    assert len(refs) == 80
     codec = FakeBitsBackCodec()
     payload, fields, rep = stream.encode(imgs, codec, st, tile_bits=est)
     chosen = stream.choose_seed_tiles(own, est, lambda j: stream.need_bits([refs[j]], [imgs[refs[j].image].color.shape[0]], 8, DEFICIT))
@@ -258,9 +266,6 @@ def test_a_chosen_stream_written_by_0_9_14_decodes():
     back = stream.decode(words.astype(np.uint32), fields, shapes, FakeBitsBackCodec(), st)
     assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
     assert np.array_equal(back[3].extra, imgs[3].extra)
-    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
-    own = np.array([seed_bits(T.known_block(imgs[r.image].color, r)) for r in refs])
-    est = own - 1000.0
-    est[[5, 78]] = own[[5, 78]] + 1.0
+    _, _, est = _seed_cheaper_on(imgs, [5, 78])
     payload, again, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
     assert again == fields and np.array_equal(payload, words)

@@ -182,24 +182,25 @@ def size_codec(max_batch: int, n_seed: int, end: int):
     return dist.uniform(size_choices(max_batch, n_seed, end), 1)
 
 
-def choose_seed_tiles(seed_bits: np.ndarray, model_bits: np.ndarray | None,
+def choose_seed_tiles(seed: np.ndarray, model_bits: np.ndarray | None,
                       need_of: Callable[[int], float], margin: float = SEED_MARGIN_BITS) -> np.ndarray:
     """Which tiles ("chosen" seed tiles) go through the seed codec: bool [n].
 
-    seed_bits: what the seed codec makes of each tile; model_bits: what the model is expected to
+    seed: the bits the seed codec makes of each tile; model_bits: what the model is expected to
     (NaN: no estimate; None: none at all); need_of(j): the first batch's need if tile j is the
-    first model tile. Every tile with seed_bits < model_bits, then, until the seed tiles' bits
-    cover the first model tile's need plus `margin`, the tile whose move costs least (seed_bits -
+    first model tile. Every tile with seed < model_bits, then, until the seed tiles' bits
+    cover the first model tile's need plus `margin`, the tile whose move costs least (seed -
     model_bits; tiles without an estimate after those with one, in tile order), unless that move
     costs more than the first batch would pop beyond the stack: those bits come from the padding,
     which the file stores in full, so they cost what they are and no more."""
-    n = len(seed_bits)
+    seed = np.asarray(seed, dtype=np.float64)
+    n = len(seed)
     model = np.full(n, np.nan) if model_bits is None else np.asarray(model_bits, dtype=np.float64)
-    chosen = np.asarray(seed_bits, dtype=np.float64) < model  # False where model is NaN
+    chosen = seed < model  # False where model is NaN
     known = ~np.isnan(model)
-    cost = np.where(known, seed_bits - np.where(known, model, 0.0), np.inf)
+    cost = np.where(known, seed - model, np.inf)
     order = iter(np.lexsort((np.arange(n), cost)))  # by cost, NaN (inf) last, ties in tile order
-    have = float(np.sum(np.asarray(seed_bits)[chosen]))
+    have = float(np.sum(seed[chosen]))
     while not chosen.all():
         short = need_of(int(np.argmin(chosen))) + margin - have  # argmin: the first model tile
         if short <= 0:
@@ -208,7 +209,7 @@ def choose_seed_tiles(seed_bits: np.ndarray, model_bits: np.ndarray | None,
         if np.isfinite(cost[j]) and cost[j] >= short:  # an unestimated tile's move is taken
             break
         chosen[j] = True
-        have += float(seed_bits[j])
+        have += float(seed[j])
     return chosen
 
 
