@@ -612,31 +612,32 @@ class _Plan(NamedTuple):
         return _Counts(self.prior, self.cprior)
 
 
-def _plane_bits(lay: _Layout, x: np.ndarray, plan: _Plan) -> float:
-    """Bits of one histogram-coded plane (float64 model of what the coder pushes)."""
+def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan) -> np.ndarray:
+    """[n] bits of each pixel of one histogram-coded plane (float64 model of what the coder pushes).
+    The counts learn from every pixel, so a pixel's bits do not depend on which others are coded."""
+    out = np.empty(lay.n)
     if plan.coarse is not None:  # version 4's difference mode: the coder's tables themselves
-        counts, total = plan.counts(), 0.0
+        counts = plan.counts()
         for idx in lay.steps:
             b, cb, p, sg, xi = plan.rows[idx], plan.coarse[idx], plan.centres[idx], plan.signs[idx], x[idx]
             t = counts.tables(b, cb, p, sg)
-            total += float(-np.log2(t[np.arange(len(idx)), xi] / t.sum(axis=1)).sum())
+            out[idx] = -np.log2(t[np.arange(len(idx)), xi] / t.sum(axis=1))
             counts.add(b, cb, _slot(xi, p, sg), INC)
-        return total
+        return out
     hist = plan.prior.copy()
     few = len(hist) <= N_BINS  # few rows: cumulate them all; many: only the rows in use
-    total = 0.0
     for idx in lay.steps:
         b, p, sg = plan.rows[idx], plan.centres[idx], plan.signs[idx]
         lo, slot = _start(p, sg), _slot(x[idx], p, sg)
         h, r = (hist, b) if few else (hist[b], np.arange(len(idx)))
         cum = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
-        total += float(-np.log2(h[r, slot] / (cum[r, lo + 256] - cum[r, lo])).sum())
+        out[idx] = -np.log2(h[r, slot] / (cum[r, lo + 256] - cum[r, lo]))
         np.add.at(hist, (b, slot), INC)
-    return total
+    return out
 
 
 def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
-    """Version 3's difference mode for every channel c > 0 (None for channel 0): (bits, _Plan)."""
+    """Version 3's difference mode for every channel c > 0 (None for channel 0): (pixel bits, _Plan)."""
     out: list = [None]
     every = np.arange(lay.n)
     centres = [None] + [_diff_centre(st, c, every) for c in range(1, len(flat))]
@@ -647,21 +648,24 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
         rows = _diff_context(st, c, every, d)
         prior, cprior = _diff_priors(st.version)
         plan = _Plan(rows, p, np.ones_like(p), prior, True, None if cprior is None else _diff_coarse(rows, d), cprior)
-        out.append((_plane_bits(lay, flat[c], plan), plan))
+        out.append((_plane_pixel_bits(lay, flat[c], plan), plan))
     return out
 
 
-def _choose(planes: np.ndarray, lay: _Layout, version: int):
+def _choose(planes: np.ndarray, lay: _Layout, version: int, coded: np.ndarray | None = None):
     """(least squares on?, the planes in coding order, a _Plan per plane (None: constant),
-    predicted bits). Version 2 codes the image with and without least squares and keeps the
-    smaller (one flag): it gains on photographs (Kodak -1.4%) and loses on two-level images (sparse
-    dots +85%). Version 3 also codes each channel after the first in the difference mode and keeps
-    the smaller per channel (one flag each)."""
+    predicted bits, [n] bits of each pixel over its planes). Version 2 codes the image with and
+    without least squares and keeps the smaller (one flag): it gains on photographs (Kodak -1.4%)
+    and loses on two-level images (sparse dots +85%). Version 3 also codes each channel after the
+    first in the difference mode and keeps the smaller per channel (one flag each).
+    coded (bool [n], seed_push_known): only those pixels are coded; the choices and the predicted
+    bits are theirs (the pixel bits are every pixel's)."""
     options = [False, True] if version >= 2 else [False]
     best, diff = None, None
+    total = (lambda v: float(v.sum())) if coded is None else (lambda v: float(v[coded].sum()))
     for ls in options:
         flat, bins, centres, signs, st = _analyse(planes, lay, version, ls)
-        plans, bits = [], (1.0 if version >= 2 else 0.0)
+        plans, bits, pixel = [], (1.0 if version >= 2 else 0.0), np.zeros(lay.n)
         for c in range(len(flat)):
             bits += 1.0
             if (flat[c] == flat[c][0]).all():
@@ -669,17 +673,20 @@ def _choose(planes: np.ndarray, lay: _Layout, version: int):
                 bits += 8.0
                 continue
             plan = _Plan(bins[c], centres[c], signs[c], _prior()[min(c, 1)])
-            b = _plane_bits(lay, flat[c], plan)
+            v = _plane_pixel_bits(lay, flat[c], plan)
+            b = total(v)
             if version >= 3 and c > 0:
                 if diff is None:  # it does not depend on the least-squares flag
                     diff = _diff_plans(st, lay, flat)
                 bits += 1.0
-                if diff[c][0] < b:
-                    b, plan = diff[c]
+                if total(diff[c][0]) < b:
+                    v, plan = diff[c]
+                    b = total(v)
             plans.append(plan)
             bits += b
+            pixel += v
         if best is None or bits < best[3]:
-            best = (ls, flat, plans, bits)
+            best = (ls, flat, plans, bits, pixel)
     return best
 
 
@@ -740,25 +747,26 @@ def _check_version(version: int) -> int:
     return int(version)
 
 
-def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
-    """Push uint8 planes [C, H, W] with `seed_codec(planes.shape, version)`; returns the predicted
-    size in bits (seed_bits), which the encoder has computed anyway: callers that need both do not
-    analyse the planes twice."""
+def _check_planes(planes: np.ndarray) -> np.ndarray:
     planes = np.asarray(planes)
-    c_, h, w = _check_shape(planes.shape)
+    _check_shape(planes.shape)
     if planes.dtype != np.uint8:
         raise ValueError(f"seed codec: expected uint8 planes, got {planes.dtype}")
-    lay = _layout(h, w)
-    version = _check_version(version)
-    ls, flat, plans, bits = _choose(planes, lay, version)
-    if version >= 5:
-        comp, bits = _lz_mode(planes, bits)
-        if comp is not None:  # the LZMA mode: its bytes, their count, then the flag (popped first)
-            if comp:
-                uniform(256, (len(comp),)).push(m, np.frombuffer(comp, dtype=np.uint8).astype(np.int64))
-            uniform(_lz_bound(planes.size) + 1, ()).push(m, np.int64(len(comp)))
-            _FLAG.push(m, np.int64(1))
-            return bits
+    return planes
+
+
+def _check_coded(coded: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    coded = np.asarray(coded)
+    if coded.dtype != bool or coded.shape != tuple(shape[1:]):
+        raise ValueError(f"seed codec: expected a bool mask {tuple(shape[1:])}, got {coded.dtype} {coded.shape}")
+    return coded.reshape(-1)
+
+
+def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: bool, version: int,
+                coded: np.ndarray | None = None) -> None:
+    """Push the pixels (those where `coded`, default all) of planes in coding order with their plans,
+    then the plane flags: everything after the LZMA mode's flag, which _pop_plans pops."""
+    c_ = len(flat)
     counts = []
     for c, pl in enumerate(plans):
         cc = None
@@ -768,6 +776,7 @@ def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
         counts.append(cc)
     # A stack: push the last wavefront first; rewind each histogram to its state before it.
     for idx in reversed(lay.steps):
+        sel = None if coded is None else coded[idx]
         for c in reversed(range(c_)):
             pl = plans[c]
             if pl is None:
@@ -775,6 +784,11 @@ def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
             b, p, sg, x = pl.rows[idx], pl.centres[idx], pl.signs[idx], flat[c][idx]
             cb = None if pl.coarse is None else pl.coarse[idx]
             counts[c].add(b, cb, _slot(x, p, sg), -INC)
+            if sel is not None:
+                if not sel.any():
+                    continue
+                b, p, sg, x = b[sel], p[sel], sg[sel], x[sel]
+                cb = None if cb is None else cb[sel]
             _push(m, x, _CATEGORICAL, counts[c].tables(b, cb, p, sg))
     if version >= 3:  # the difference-mode flags of the coded channels after the first
         for c in reversed(range(1, c_)):
@@ -786,6 +800,81 @@ def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
         _FLAG.push(m, np.int64(plans[c] is None))
     if version >= 2:
         _FLAG.push(m, np.int64(ls))
+
+
+def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarray | None = None,
+               coded: np.ndarray | None = None) -> np.ndarray:
+    """What _push_plans pushed: [C, n] planes in coding order. With `coded`, only those pixels come
+    from the stack; the others are `known` ([C, n] in coding order), which the decoder has."""
+    ls = version >= 2 and bool(_FLAG.pop(m))
+    const: list[int | None] = []  # the value of each constant plane, None if coded
+    for _ in range(c_):
+        const.append(int(_BYTE.pop(m)) if int(_FLAG.pop(m)) else None)
+    diff = [False] * c_  # version 3: channels coded in the difference mode
+    if version >= 3:
+        for c in range(1, c_):
+            diff[c] = const[c] is None and bool(_FLAG.pop(m))
+    st = _State(lay, c_, version, ls)
+    bias = _Bias(c_) if version >= 2 else None
+    coarse = version >= 4  # version 4's difference mode: fine and coarse rows
+    counts = [_Counts(*_diff_priors(version)) if diff[c] else _Counts(_prior()[min(c, 1)]) for c in range(c_)]
+    for idx in lay.steps:
+        sel = None if coded is None else coded[idx]
+        for c in range(c_):
+            p = st.inputs(c, idx)
+            pred = st.blend(c, idx, p)
+            # the difference mode's prediction: for this channel's pixels, or the next one's contexts
+            dc = _diff_centre(st, c, idx) if diff[c] or (0 < c < c_ - 1 and diff[c + 1]) else None
+            if const[c] is not None:
+                x = np.full(len(idx), const[c], dtype=np.int64)
+            else:  # the histogram row, centre and sign of each pixel, in the channel's mode
+                biased = bias is not None and not diff[c]
+                cb = None
+                if diff[c]:
+                    pr, d = dc
+                    b, sg = _diff_context(st, c, idx, d), np.ones_like(pr)
+                    if coarse:
+                        cb = _diff_coarse(b, d)
+                else:
+                    b = st.bins(c, idx)
+                    corrected = pred
+                    if biased:
+                        ctx = _Bias.context(st, c, idx, pred, b)
+                        corrected = bias.correct(c, ctx, pred)
+                    pr, sg = _centre(corrected, version)
+                if sel is None:
+                    x = _pop(m, len(idx), _CATEGORICAL, counts[c].tables(b, cb, pr, sg))
+                else:
+                    x = known[c][idx].astype(np.int64)
+                    if sel.any():
+                        x[sel] = _pop(m, int(sel.sum()), _CATEGORICAL,
+                                      counts[c].tables(b[sel], None if cb is None else cb[sel], pr[sel], sg[sel]))
+                counts[c].add(b, cb, _slot(x, pr, sg), INC)
+                if biased:
+                    bias.update(c, ctx, x, pred)
+            st.record(c, idx, x, p, pred)
+            if dc is not None:
+                st.dres[c][idx] = x - dc[0]
+    return np.stack([st.x[c][: lay.n] for c in range(c_)])
+
+
+def seed_push(m: Message, planes: np.ndarray, version: int = LATEST) -> float:
+    """Push uint8 planes [C, H, W] with `seed_codec(planes.shape, version)`; returns the predicted
+    size in bits (seed_bits), which the encoder has computed anyway: callers that need both do not
+    analyse the planes twice."""
+    planes = _check_planes(planes)
+    lay = _layout(*planes.shape[1:])
+    version = _check_version(version)
+    ls, flat, plans, bits, _ = _choose(planes, lay, version)
+    if version >= 5:
+        comp, bits = _lz_mode(planes, bits)
+        if comp is not None:  # the LZMA mode: its bytes, their count, then the flag (popped first)
+            if comp:
+                uniform(256, (len(comp),)).push(m, np.frombuffer(comp, dtype=np.uint8).astype(np.int64))
+            uniform(_lz_bound(planes.size) + 1, ()).push(m, np.int64(len(comp)))
+            _FLAG.push(m, np.int64(1))
+            return bits
+    _push_plans(m, lay, flat, plans, ls, version)
     if version >= 5:
         _FLAG.push(m, np.int64(0))  # its bit is in `bits` already (_lz_mode)
     return bits
@@ -810,53 +899,49 @@ def seed_codec(shape: tuple[int, int, int], version: int = LATEST) -> Codec:
     def pop(m: Message) -> np.ndarray:
         if version >= 5 and int(_FLAG.pop(m)):
             return _lz_pop(m, (c_, h, w))
-        ls = version >= 2 and bool(_FLAG.pop(m))
-        const: list[int | None] = []  # the value of each constant plane, None if coded
-        for _ in range(c_):
-            const.append(int(_BYTE.pop(m)) if int(_FLAG.pop(m)) else None)
-        diff = [False] * c_  # version 3: channels coded in the difference mode
-        if version >= 3:
-            for c in range(1, c_):
-                diff[c] = const[c] is None and bool(_FLAG.pop(m))
-        st = _State(lay, c_, version, ls)
-        bias = _Bias(c_) if version >= 2 else None
-        coarse = version >= 4  # version 4's difference mode: fine and coarse rows
-        counts = [_Counts(*_diff_priors(version)) if diff[c] else _Counts(_prior()[min(c, 1)]) for c in range(c_)]
-        for idx in lay.steps:
-            for c in range(c_):
-                p = st.inputs(c, idx)
-                pred = st.blend(c, idx, p)
-                # the difference mode's prediction: for this channel's pixels, or the next one's contexts
-                dc = _diff_centre(st, c, idx) if diff[c] or (0 < c < c_ - 1 and diff[c + 1]) else None
-                if const[c] is not None:
-                    x = np.full(len(idx), const[c], dtype=np.int64)
-                else:  # the histogram row, centre and sign of each pixel, in the channel's mode
-                    biased = bias is not None and not diff[c]
-                    cb = None
-                    if diff[c]:
-                        pr, d = dc
-                        b, sg = _diff_context(st, c, idx, d), np.ones_like(pr)
-                        if coarse:
-                            cb = _diff_coarse(b, d)
-                    else:
-                        b = st.bins(c, idx)
-                        corrected = pred
-                        if biased:
-                            ctx = _Bias.context(st, c, idx, pred, b)
-                            corrected = bias.correct(c, ctx, pred)
-                        pr, sg = _centre(corrected, version)
-                    x = _pop(m, len(idx), _CATEGORICAL, counts[c].tables(b, cb, pr, sg))
-                    counts[c].add(b, cb, _slot(x, pr, sg), INC)
-                    if biased:
-                        bias.update(c, ctx, x, pred)
-                st.record(c, idx, x, p, pred)
-                if dc is not None:
-                    st.dres[c][idx] = x - dc[0]
         out = np.empty((c_, lay.n), dtype=np.uint8)
-        out[order] = np.stack([st.x[c][: lay.n] for c in range(c_)])
+        out[order] = _pop_plans(m, lay, c_, version)
         return out.reshape(c_, h, w)
 
     return Codec(push, pop)
+
+
+def seed_pixel_bits(planes: np.ndarray, version: int = LATEST) -> np.ndarray:
+    """[H, W] float64: the bits of each pixel (its planes together) when the seed codec codes the whole
+    image, the modes chosen for all of it (no LZMA mode). What a region costs through seed_push_known:
+    the counts learn from every pixel, coded or known, so a pixel's bits do not depend on which
+    others are coded (only the modes may change with the region, and only where that saves bits)."""
+    planes = _check_planes(planes)
+    return _choose(planes, _layout(*planes.shape[1:]), _check_version(version))[4].reshape(planes.shape[1:])
+
+
+def seed_push_known(m: Message, planes: np.ndarray, coded: np.ndarray, version: int = LATEST) -> float:
+    """Push the pixels of uint8 planes [C, H, W] where `coded` (bool [H, W]), for a decoder that knows
+    all the others (seed_pop_known): the seed codec over the whole image, its causal context and
+    adaptive counts running through every pixel, coded or known. Modes (least squares, difference
+    mode, constant planes) as seed_push chooses them, for the coded pixels' bits; no LZMA mode.
+    Returns the predicted bits."""
+    planes = _check_planes(planes)
+    flat_coded = _check_coded(coded, planes.shape)
+    lay = _layout(*planes.shape[1:])
+    version = _check_version(version)
+    ls, flat, plans, bits, _ = _choose(planes, lay, version, flat_coded)
+    _push_plans(m, lay, flat, plans, ls, version, flat_coded)
+    return bits
+
+
+def seed_pop_known(m: Message, known: np.ndarray, coded: np.ndarray, version: int = LATEST) -> np.ndarray:
+    """The planes seed_push_known pushed: `known` (uint8 [C, H, W]) where not `coded`, the stack's
+    pixels where coded."""
+    known = _check_planes(known)
+    c_, h, w = known.shape
+    flat_coded = _check_coded(coded, known.shape)
+    version = _check_version(version)
+    order = _order(c_, version)
+    kflat = known[order].reshape(c_, -1)
+    out = np.empty((c_, h * w), dtype=np.uint8)
+    out[order] = _pop_plans(m, _layout(h, w), c_, version, kflat, flat_coded)
+    return out.reshape(c_, h, w)
 
 
 def seed_bits(planes: np.ndarray, version: int = LATEST) -> float:
