@@ -7,9 +7,14 @@ costs in bits/dim of its colour planes:
   seed tile  the seed codec on each tile alone (its ideal codelength: the same context model, but
              its adaptive statistics start afresh on every tile, as the model's tiles know nothing
              of each other);
-  seed whole the seed codec on the whole image (what `sfcodec compress` writes where it wins).
+  seed whole the seed codec on the whole image (what `sfcodec compress` writes where it wins);
+  seed ctx   per tile, its pixels' share of "seed whole" (seed_pixel_bits): what a seed tile costs
+             in the model's stream since 0.9.15 (seed tiles coded in the image's context), whatever
+             the other tiles are; over the image it adds up to "seed whole".
 The "best per tile" column takes the cheaper of model and seed tile per tile: what a stream that
-chose per tile could at best reach. Where it stays above "seed whole", no per-tile switching
+chose per tile could at best reach with tiles coded alone; "best ctx" the cheaper of model and
+seed ctx: what 0.9.15's stream could at best reach (less with the model's estimate's noise, more
+by what the chain adds to the bound). Where it stays above "seed whole", no per-tile switching
 between the two beats the seed codec's own file; "seed tile - seed whole" is what the seed codec
 gains from seeing the whole image. Per-tile costs count a padded edge tile's padding as pixels
 (the stream codes it as latents): the comparison is exact where the tiles divide the image, as
@@ -40,7 +45,7 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
     from scoreflow_codec import likelihood
     from scoreflow_codec.api import padded_tile
     from scoreflow_codec.coding import stream
-    from scoreflow_codec.coding.seed_codec import seed_bits
+    from scoreflow_codec.coding.seed_codec import seed_bits, seed_pixel_bits
 
     refs = stream.T.plan_tiles([source.color.shape], tile)
     tiles = np.stack([padded_tile(source.color, r, tile) for r in refs])
@@ -52,11 +57,15 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
             bound.append(likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=n_t, generator=gen).double().numpy())
     model_bpd = np.concatenate(bound)
     seed_tile = np.array([seed_bits(t) / t.size for t in tiles])
+    pix = seed_pixel_bits(source.color)
+    seed_ctx = np.array([pix[r.y0:r.y0 + r.h, r.x0:r.x0 + r.w].sum() / t.size for r, t in zip(refs, tiles)])
     return {"tiles": len(tiles), "model": float(model_bpd.mean()), "seed_tile": float(seed_tile.mean()),
             "seed_whole": float(seed_bits(source.color) / source.color.size),
             "best_per_tile": float(np.minimum(model_bpd, seed_tile).mean()),
             "model_wins": float((model_bpd < seed_tile).mean()),
-            "per_tile": {"model": model_bpd.tolist(), "seed_tile": seed_tile.tolist()}}
+            "seed_ctx": float(seed_ctx.mean()), "best_ctx": float(np.minimum(model_bpd, seed_ctx).mean()),
+            "model_wins_ctx": float((model_bpd < seed_ctx).mean()),
+            "per_tile": {"model": model_bpd.tolist(), "seed_tile": seed_tile.tolist(), "seed_ctx": seed_ctx.tolist()}}
 
 
 def main(argv=None) -> int:
@@ -85,7 +94,7 @@ def main(argv=None) -> int:
     tile = args.tile or model.tile
     print(f"model {model.name} ({model.sha256[:12]}), {tile}px tiles, bound with {args.n_t} time samples")
     print(f"{'image':16s} {'tiles':>5s} {'model':>7s} {'seed tile':>9s} {'best/tile':>9s} {'seed whole':>10s} "
-          f"{'model wins':>10s} {'s':>5s}")
+          f"{'model wins':>10s} {'best ctx':>8s} {'wins ctx':>8s} {'s':>5s}")
     rows = {}
     for p, s in zip(args.images, sources):
         t0 = time.perf_counter()
@@ -93,11 +102,13 @@ def main(argv=None) -> int:
         r["seconds"] = time.perf_counter() - t0
         rows[p.name] = r
         print(f"{p.name[:16]:16s} {r['tiles']:5d} {r['model']:7.3f} {r['seed_tile']:9.3f} {r['best_per_tile']:9.3f} "
-              f"{r['seed_whole']:10.3f} {100 * r['model_wins']:9.0f}% {r['seconds']:5.0f}", flush=True)
+              f"{r['seed_whole']:10.3f} {100 * r['model_wins']:9.0f}% {r['best_ctx']:8.3f} "
+              f"{100 * r['model_wins_ctx']:7.0f}% {r['seconds']:5.0f}", flush=True)
     mean = {k: float(np.mean([r[k] for r in rows.values()])) for k in
-            ("model", "seed_tile", "best_per_tile", "seed_whole", "model_wins")}
+            ("model", "seed_tile", "best_per_tile", "seed_whole", "model_wins", "seed_ctx", "best_ctx", "model_wins_ctx")}
     print(f"{'mean':16s} {'':5s} {mean['model']:7.3f} {mean['seed_tile']:9.3f} {mean['best_per_tile']:9.3f} "
-          f"{mean['seed_whole']:10.3f} {100 * mean['model_wins']:9.0f}%")
+          f"{mean['seed_whole']:10.3f} {100 * mean['model_wins']:9.0f}% {mean['best_ctx']:8.3f} "
+          f"{100 * mean['model_wins_ctx']:7.0f}%")
     if args.json:
         args.json.write_text(json.dumps({"model": model.name, "sha256": model.sha256, "tile": tile, "n_t": args.n_t,
                                          "images": rows, "mean": mean}, indent=1))

@@ -139,6 +139,11 @@ def _coded_by(rep) -> str:
         sample = "" if e.complete else f" (+- {e.se:.3f}, from {e.units} of {e.total} tiles)"
         return (f"seed codec alone; the model's stream was not coded: the model's bound, "
                 f"{e.mean:.3f} bits/dim{sample}, is above this file's (--fallback both codes it anyway)")
+    if rep.model_skipped == "saving":
+        sv = rep.model_saving
+        return (f"seed codec alone; the model's stream was not coded: the model is expected to save "
+                f"{sv.bits:.0f} bits on {sv.tiles} tile(s), less than the {sv.needed:.0f} its stream adds "
+                f"(--fallback both codes it anyway)")
     if rep.model_skipped == "no colour planes":
         return "seed codec alone; the model's stream was not coded: no image has colour planes for the model " \
                "(palette index planes go through the seed codec either way)"
@@ -173,9 +178,8 @@ MODE_HELP = ("chain: the discrete diffusion chain (with the shipped models both 
 FALLBACK_OPTION = click.option(
     "--fallback", type=click.Choice(["auto", "both", "off"]), default="auto", show_default=True,
     help="Also code the images with the package's classical seed codec alone and keep the smaller file. "
-         "auto: the model's stream is coded only if the model's bound (estimated in seconds from a sample of "
-         "the tiles) is not above the "
-         "seed codec's file; both: always code both; off: the model's stream only. A file of the model's stream "
+         "auto: the model's stream is coded only where the model's estimated cost (its float32 bound per tile, "
+         "about a minute on a Kodak image) promises a smaller file than the seed codec's; both: always code both; off: the model's stream only. A file of the model's stream "
          "decodes with the model it names; a seed codec file needs no model.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
 ARITH_OPTION = click.option(
@@ -329,6 +333,8 @@ def info(input, as_json):
                    f"of up to {ss['tile']}px")
     else:
         which = "chosen by the encoder" if ss.get("seed_tiles") == "chosen" else "the first"
+        if ss.get("seed_context") == "image":
+            which += ", coded in the image's context"
         click.echo(f"stream:    {f['n_tiles']} tiles of {ss['tile']}px, {f['n_seed']} seed tiles, {which} "
                    f"(seed codec version {ss['seed']}), batching={ss['batching']}")
 
@@ -362,6 +368,7 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
            "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
            "model_estimate_bpd": rep.model_estimate_bpd,
            "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
+           "model_saving_bits": None if rep.model_saving is None else rep.model_saving.bits,
            "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True}
     if as_json:
         click.echo(json.dumps(out))

@@ -269,10 +269,11 @@ def test_graphics_bench(tmp_path):
 
 
 def test_tile_gap(tmp_path, capsys):
-    """bench/tile_gap.py: per tile the model's bound and the seed codec on the tile alone, and the
-    seed codec on the whole image; the best-per-tile column is the per-tile minimum."""
+    """bench/tile_gap.py: per tile the model's bound, the seed codec on the tile alone and the tile's
+    share of the seed codec on the whole image, and the seed codec on the whole image; the best-per-
+    tile columns are the per-tile minima."""
     from bench.tile_gap import main as tile_gap
-    from scoreflow_codec.coding.seed_codec import seed_bits
+    from scoreflow_codec.coding.seed_codec import seed_bits, seed_pixel_bits
 
     rgb = _image(3, 40, 48)
     Image.fromarray(rgb).save(tmp_path / "a.png")
@@ -287,6 +288,10 @@ def test_tile_gap(tmp_path, capsys):
     assert r["seed_whole"] == pytest.approx(seed_bits(rgb.transpose(2, 0, 1).copy()) / rgb.size)
     assert r["seed_tile"] == pytest.approx(seed_bits(np.ascontiguousarray(rgb[:16, :16].transpose(2, 0, 1))) / (3 * 256)
                                            / 9 + np.sum(s[1:]) / 9)
+    # in the image's context: each tile's share of the whole image's pixel bits (per padded tile's dims)
+    c = np.array(r["per_tile"]["seed_ctx"])
+    assert np.sum(c) * 3 * 256 == pytest.approx(seed_pixel_bits(rgb.transpose(2, 0, 1).copy()).sum())
+    assert r["best_ctx"] == pytest.approx(np.minimum(m, c).mean()) and r["model_wins_ctx"] == np.mean(m < c)
     assert "a.png" in capsys.readouterr().out
     assert tile_gap([str(tmp_path / "g.png"), "--model", "cifar10"]) == 2
     assert "not a plain RGB image" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def first_seed_tiles():
     makes a file that names no model; the tests that need tiles the model coded use this."""
     orig = api.default_stream_settings
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(api, "default_stream_settings", lambda *a, **k: replace(orig(*a, **k), seed_tiles="first"))
+        mp.setattr(api, "default_stream_settings", lambda *a, **k: replace(orig(*a, **k), seed_tiles="first", seed_context="tile"))
         yield
 
 

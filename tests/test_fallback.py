@@ -1,7 +1,7 @@
 """compress(fallback=...): the file is whichever of the model's stream and the classical seed
 codec alone (whole images as single tiles) is smaller, and either decodes through the same path.
-"both" codes both; "auto" (the CLI's default) skips the model's stream where the model's bound is
-above the seed codec's file."""
+"both" codes both; "auto" (the CLI's default) skips the model's stream where the model is not
+expected to make a smaller file."""
 import numpy as np
 import pytest
 import torch
@@ -111,23 +111,50 @@ def test_several_images_and_no_colour(model):
     api.check_identical(srcs, api.decompress(data, model))
 
 
-def test_auto_skips_the_model_only_where_its_bound_is_above_the_seed_file(model):
-    """In distribution the model's bound is far below the seed codec: both are coded and the
-    model's file is kept. A ramp: its bound is far above, so the model's stream is never coded
-    and the file is the seed codec's, the same bytes as "both" writes."""
+def test_auto_skips_the_model_only_where_it_saves_too_little(model):
+    """Seed tiles in the image's context (compress's default): in distribution the model's tiles are
+    far cheaper than the seed codec's share of them, so both are coded and the model's file is kept.
+    A ramp: no tile is expected cheaper through the model, so its stream is never coded and the file
+    is the seed codec's, the same bytes as "both" writes."""
+    from cli import main as cli_main
     src = [images.from_array(_in_distribution(model))]
     data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
-    assert rep.model_estimate_bpd < 8 * rep.seed_bytes / rep.num_dims and rep.coded_by == "model"
-    assert rep.model_skipped is None
+    assert rep.model_saving.tiles == 4 and rep.model_saving.bits > 2 * rep.model_saving.needed
+    assert rep.coded_by == "model" and rep.model_skipped is None and rep.model_estimate is None
     assert data == api.compress(src, model, "ode", SETTINGS)[0]
     ramp = [images.from_array(_gradient())]
     ticks = []
     data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, progress=ticks.append)  # True: "auto"
-    assert rep.model_bytes is None and rep.coded_by == "seed" and rep.model_skipped == "estimate"
+    assert rep.model_bytes is None and rep.coded_by == "seed" and rep.model_skipped == "saving"
+    assert rep.model_saving.tiles == 0 and rep.model_saving.bits == 0 and rep.model_saving.needed == api.SAVING_MIN_BITS
     assert sum(ticks) == api.compress_work_units(ramp, model, "ode", SETTINGS)  # the bar completes
+    assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
+    assert "expected to save 0 bits on 0 tile(s)" in cli_main._coded_by(rep)
+    api.check_identical(ramp, api.decompress(data, model))
+
+
+def test_expected_saving_counts_the_cheaper_tiles_and_their_flags():
+    sv = api.expected_saving(np.array([10.0, 50.0, 30.0, 7.0]), np.array([20.0, 20.0, np.nan, 6.0]))
+    assert sv.bits == 31.0 and sv.tiles == 2 and sv.needed == pytest.approx(api.SAVING_MIN_BITS + np.log2(6))
+
+
+def _tile_context(model):
+    from dataclasses import replace
+    return replace(api.default_stream_settings(model), seed_context="tile")
+
+
+def test_auto_with_tile_context_skips_where_the_bound_is_above_the_seed_file(model):
+    """Seed tiles each alone ("tile" context): "auto" decides from the model's bound over the image
+    against the seed codec's file."""
+    src = [images.from_array(_in_distribution(model))]
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto", stream_settings=_tile_context(model))
+    assert rep.model_estimate_bpd < 8 * rep.seed_bytes / rep.num_dims and rep.coded_by == "model"
+    assert rep.model_skipped is None and rep.model_saving is None
+    ramp = [images.from_array(_gradient())]
+    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, stream_settings=_tile_context(model))
+    assert rep.model_bytes is None and rep.coded_by == "seed" and rep.model_skipped == "estimate"
     assert rep.model_estimate_bpd > 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
     assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
-    api.check_identical(ramp, api.decompress(data, model))
 
 
 def test_auto_decides_from_a_sample_of_the_tiles(model):
@@ -135,7 +162,7 @@ def test_auto_decides_from_a_sample_of_the_tiles(model):
     the model's bound far above the seed codec's file, so the last 8 tiles are never evaluated."""
     from cli import main as cli_main
     big = [images.from_array(_gradient(288, 256))]
-    data, rep = api.compress(big, model, "ode", SETTINGS, fallback="auto")
+    data, rep = api.compress(big, model, "ode", SETTINGS, fallback="auto", stream_settings=_tile_context(model))
     e, threshold = rep.model_estimate, 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
     assert rep.coded_by == "seed" and rep.model_bytes is None and rep.model_estimate_bpd == e.mean
     assert e.units == 64 < e.total == 72 and e.mean - api.FALLBACK_Z * e.se > threshold
@@ -157,11 +184,36 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
     assert e.mean == pytest.approx(np.average(per_image, weights=[a.size for a in arrs]), rel=1e-12)
 
 
+def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, monkeypatch):
+    """With the seed codec's bits, tile_model_bits estimates again, from other time samples (a
+    generator of another seed), the tiles that its first estimate puts below the seed codec or within
+    CHOICE_REFINE_BPD of it, and keeps that second estimate for them. A stand-in bound: a tile's mean
+    pixel value plus its generator's seed; a grey image's tiles stay NaN."""
+    from scoreflow_codec import likelihood
+    monkeypatch.setattr(likelihood, "bound_terms", lambda m, x, deq, n_t, generator, **kw:
+                        {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()})
+    srcs = [images.from_array(_gradient(64, 96)), images.from_array(_gradient(40, 40)[..., 0])]
+    refs = api.stream.T.plan_tiles([s.color.shape for s in srcs], 32)
+    dims = np.array([3 * r.h * r.w for r in refs])
+    first = api.tile_model_bits(srcs, model, 32, excess_bpd=0.5)
+    means = first[:6] / dims[:6] - 0.5
+    assert np.allclose(means, [api.image_tiles(_gradient(64, 96), 32)[i].astype(np.float64).mean() for i in range(6)])
+    assert np.isnan(first[6:]).all() and len(first) == 6 + 4
+    seed = np.full(len(refs), np.nan)
+    seed[:6] = first[:6] + np.array([-1, 0.05, -0.05, -0.2, 1, -0.15]) * dims[:6]  # bits/dim from the first
+    again = api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed)
+    near = np.array([False, True, True, False, True, False])  # first < seed + CHOICE_REFINE_BPD (0.1)
+    assert np.allclose(again[:6][near], first[:6][near] + dims[:6][near]) and np.array_equal(again[:6][~near], first[:6][~near])
+    assert np.isnan(again[6:]).all()
+
+
 def test_auto_codes_both_where_it_cannot_estimate(model):
     """A grey image has no RGB planes to take the bound of: "auto" codes both, like "both"."""
     srcs = [images.from_array(_gradient()[..., 0])]
-    _, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto")
-    assert rep.model_estimate_bpd is None and rep.model_bytes is not None and rep.seed_bytes is not None
+    for ss in (None, _tile_context(model)):
+        _, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto", stream_settings=ss)
+        assert rep.model_estimate_bpd is None and rep.model_saving is None
+        assert rep.model_bytes is not None and rep.seed_bytes is not None
 
 
 def _index_palette(h=24, w=40):
@@ -209,7 +261,9 @@ def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatc
     # the model's stream puts a ramp in 32px seed tiles (the seed bits of one tile cannot pay for a
     # model batch); the fallback codes it as one 128px tile, which is smaller
     assert container.unpack(files[""])[0]["stream"] == {"tile": 128, "max_batch": 1, "seed": LATEST_SEED}
-    assert container.unpack(files["--no-fallback"])[0]["stream"] == {"seed": LATEST_SEED}
+    # with --no-fallback the untrained model leaves every tile to the seed codec, in the image's context
+    assert container.unpack(files["--no-fallback"])[0]["stream"] == {"seed": LATEST_SEED, "batching": "bits",
+                                                                    "seed_tiles": "chosen", "seed_context": "image"}
     assert len(files[""]) < len(files["--no-fallback"])
 
 
@@ -265,7 +319,9 @@ def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
     est = api.tile_model_bits(src, model, 32)
     assert est[6:].min() > 8 * est[:6].max() / 5  # the model's estimate: the ramp is its dearest
     assert len(chosen) < len(first) - 100, (len(chosen), len(first))
-    assert rep_c.stream.n_seed >= 2 and abs(rep_c.payload_bits - rep_c.predicted_bits) <= 64 + 1e-4 * rep_c.predicted_bits
+    r = rep_c.stream  # the padding a stream reaches: the ANS head's words at most (coding/stream.py)
+    assert r.n_seed >= 2 and r.pad_consumed_bits <= 64
+    assert abs(rep_c.payload_bits - r.pad_consumed_bits - rep_c.predicted_bits) <= 64 + 1e-4 * rep_c.predicted_bits
     from dataclasses import replace
 
     from cli.main import cli
@@ -275,4 +331,5 @@ def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
         api.compress(src, model, "chain", SETTINGS, stream_settings=replace(api.default_stream_settings(model), batching="growth"))
     (tmp_path / "c.sfc").write_bytes(chosen)
     r = CliRunner().invoke(cli, ["info", str(tmp_path / "c.sfc")], prog_name="sfcodec")
-    assert r.exit_code == 0 and f"{rep_c.stream.n_seed} seed tiles, chosen by the encoder" in r.stdout, r.stdout
+    assert r.exit_code == 0 and f"{rep_c.stream.n_seed} seed tiles, chosen by the encoder, coded in the image's context" \
+        in r.stdout, r.stdout

@@ -60,7 +60,8 @@ def files(model):
     # so its seed tiles are the first ("chosen" would leave the edge tiles, which this exact model
     # estimates from their padded pixels, and then all four to the seed codec)
     a, _ = api.compress(srcs, model, "ode", {"steps": 8},
-                        stream_settings=replace(api.default_stream_settings(model), seed=4, seed_tiles="first"))
+                        stream_settings=replace(api.default_stream_settings(model), seed=4, seed_tiles="first",
+                                                seed_context="tile"))
     assert not api.seed_only(api.read_header(a)["fields"])
     b, _ = api.compress(srcs[:1], model, "chain", {"steps": 64})
     assert len(api.decompress(a, model)) == 3
@@ -246,6 +247,8 @@ HOSTILE = [  # header values re-packed with valid CRCs: each must be refused bef
     ("stream.seed", 2.0, "seed"),
     ("stream.seed_tiles", "last", "seed_tiles"),
     ("stream.seed_tiles", 1, "seed_tiles"),
+    ("stream.seed_context", "scene", "seed_context"),
+    ("stream.seed_context", None, "seed_context"),
     ("fields.pad_words", 10 ** 9, "pad_words"),
     ("fields.pad_stripped", 10 ** 9, "pad_stripped"),
     ("fields.n_tiles", 10 ** 12, "tile counts"),
@@ -275,6 +278,9 @@ def test_header_consistent_but_wrong(files, model):
     _refuse(_repack(a, _set("fields.pad_stripped", h["fields"]["pad_stripped"] - 1)), model, SfcError)
     _refuse(_repack(a, _set("settings.steps", 9)), model, SfcError)
     _refuse(_repack(a, _set("stream.seed_tiles", "chosen")), model, SfcError)  # a's seed tiles are the first
+    # a's seed tiles each alone, decoded as in the image's context (needs "chosen": set both)
+    _refuse(_repack(a, lambda h: h["stream"].update(seed_tiles="chosen", seed_context="image")), model, SfcError)
+    _refuse(_repack(a, _set("stream.seed_context", "image")), model, BadFileError, "seed_context")  # "first"
     _refuse(_repack(a, _set("images", [[60, 50, "RGB", 1], *h["images"][1:]])), model, SfcError)
     # A declared 10^8-pixel image (the per-image limit) with a consistent tile count: the decoder
     # allocates the image (300 MB) and starts decoding; the payload runs out of sense at once.

@@ -244,11 +244,54 @@ def test_chosen_seed_tiles_round_trip_and_cost_what_they_say():
         assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, wrong))
 
 
+def test_seed_tiles_in_the_image_context_round_trip_and_cost_what_they_say():
+    """seed_context "image": the chosen seed tiles of each image are coded at once by the seed codec
+    over the whole image, the model's tiles (decoded before them) known: the stream decodes, its size
+    is the predicted codelength, the seed tiles cost their pixels' share of the whole-image coding
+    (tile_seed_bits) and less than the same tiles coded each alone."""
+    imgs = _images(6)
+    cheap = [5, 30, 78]  # the flat image's, the noisy image's, the last
+    refs, _, est = _seed_cheaper_on(imgs, cheap)
+    results = {}
+    for context in ("tile", "image"):
+        st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen", seed_context=context)
+        own = stream.tile_seed_bits(imgs, refs, st)
+        est = own - 1000.0
+        est[cheap] = own[cheap] + 1.0
+        codec = FakeBitsBackCodec()
+        payload, fields, rep = stream.encode(imgs, codec, st, tile_bits=est)
+        chosen = stream.choose_seed_tiles(own, est, lambda j: stream.need_bits([refs[j]], [imgs[refs[j].image].color.shape[0]], 8, DEFICIT))
+        assert chosen[cheap].all() and fields["n_seed"] == rep.n_seed == chosen.sum() < len(refs)
+        shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+        back = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st)
+        assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
+        assert np.array_equal(back[3].extra, imgs[3].extra)
+        predicted = rep.extra_bits + rep.seed_bits + codec.net_bits + rep.model_bits + rep.signal_bits
+        assert rep.pad_consumed_bits <= 64
+        assert abs(rep.payload_bits - rep.pad_consumed_bits - predicted) < 64 + 1e-4 * predicted
+        flags = sum(1 + 2 * c + 1 for c in {refs[i].image: imgs[refs[i].image].color.shape[0] for i in np.flatnonzero(chosen)}.values())
+        if context == "image":  # at most the pixels' share plus each image's plane flags
+            assert rep.seed_bits <= own[chosen].sum() + flags
+        results[context] = (own, chosen, rep.seed_bits)
+    (own_t, chosen_t, bits_t), (own_i, chosen_i, bits_i) = results["tile"], results["image"]
+    assert (own_i[chosen_t] < own_t[chosen_t]).mean() > 0.5 and own_i[chosen_t].sum() < own_t[chosen_t].sum()
+    # decoded as "tile" (the header's seed_context lost), the same payload does not come back
+    st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen", seed_context="image")
+    payload, fields, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
+    with pytest.raises(Exception):
+        wrong = stream.decode(payload, fields, shapes, FakeBitsBackCodec(),
+                              StreamSettings(tile=8, batching="bits", seed_tiles="chosen"))
+        assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, wrong))
+
+
 def test_chosen_seed_tiles_need_bits_batching():
     for st in (StreamSettings(tile=8, batching="growth", seed_tiles="chosen"),
                StreamSettings(tile=8, batching="bits", n_seed=2, seed_tiles="chosen"),
                StreamSettings(tile=8, seed_tiles="some")):
         with pytest.raises(ValueError, match="seed_tiles"):
+            stream.encode(_images(), FakeBitsBackCodec(), st)
+    for st in (StreamSettings(tile=8, seed_context="image"), StreamSettings(tile=8, seed_tiles="chosen", seed_context="x")):
+        with pytest.raises(ValueError, match="seed_context"):
             stream.encode(_images(), FakeBitsBackCodec(), st)
 
 
