@@ -312,3 +312,26 @@ def test_a_chosen_stream_written_by_0_9_14_decodes():
     _, _, est = _seed_cheaper_on(imgs, [5, 78])
     payload, again, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
     assert again == fields and np.array_equal(payload, words)
+
+
+def test_a_stream_in_the_image_context_written_by_0_9_15_decodes():
+    """tests/golden/stream-context.bin: the stream of test_seed_tiles_in_the_image_context_round_
+    trip_and_cost_what_they_say as 0.9.15 wrote it (the fake codec, seed tiles 5, 30 and 78 of 80,
+    each image's coded at once by seed_push_known): it must keep decoding as it did, and the encoder
+    must keep writing the same words."""
+    from pathlib import Path
+
+    imgs = _images(6)
+    st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen", seed_context="image")
+    words = np.frombuffer((Path(__file__).parent / "golden" / "stream-context.bin").read_bytes(), dtype="<u4")
+    fields = {"n_seed": 3, "pad_words": 2001, "pad_stripped": 2000, "n_tiles": 80}
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+    back = stream.decode(words.astype(np.uint32), fields, shapes, FakeBitsBackCodec(), st)
+    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
+    assert np.array_equal(back[3].extra, imgs[3].extra)
+    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
+    own = stream.tile_seed_bits(imgs, refs, st)
+    est = own - 1000.0
+    est[[5, 30, 78]] = own[[5, 30, 78]] + 1.0
+    payload, again, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
+    assert again == fields and np.array_equal(payload, words)
