@@ -217,6 +217,27 @@ def _seed_cheaper_on(imgs, cheap):
     return refs, own, est
 
 
+def _chosen_stream(imgs, st, own, est, cheap):
+    """Encode with seed tiles "chosen" under the estimate est; check the choice (the cheap tiles are
+    seed tiles, not all are), the round trip and that the size is the predicted codelength."""
+    refs = T.plan_tiles([im.color_shape for im in imgs], st.tile)
+    codec = FakeBitsBackCodec()
+    payload, fields, rep = stream.encode(imgs, codec, st, tile_bits=est)
+    chosen = stream.choose_seed_tiles(own, est, lambda j: stream.need_bits([refs[j]], [imgs[refs[j].image].color.shape[0]], 8, DEFICIT))
+    assert chosen[cheap].all() and fields["n_seed"] == rep.n_seed == chosen.sum() < len(refs)
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+    back = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st)
+    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
+    assert np.array_equal(back[3].extra, imgs[3].extra)
+    flags = math.log2(math.comb(len(refs), int(chosen.sum())))
+    sizes = sum(math.log2(min(st.max_batch, e - rep.n_seed)) for _, e in rep.batches)
+    assert rep.signal_bits == pytest.approx(sizes + flags, abs=0.05)
+    predicted = rep.extra_bits + rep.seed_bits + codec.net_bits + rep.model_bits + rep.signal_bits
+    assert rep.pad_consumed_bits <= 64
+    assert abs(rep.payload_bits - rep.pad_consumed_bits - predicted) < 64 + 1e-4 * predicted
+    return payload, fields, rep, chosen, shapes
+
+
 def test_chosen_seed_tiles_round_trip_and_cost_what_they_say():
     """seed_tiles "chosen": the tiles the estimate says the seed codec codes cheaper become seed
     tiles wherever they lie, the stream decodes, and its size is the predicted codelength."""
@@ -225,19 +246,7 @@ def test_chosen_seed_tiles_round_trip_and_cost_what_they_say():
     cheap = [5, 78]  # two tiles of the 80, in the middle and at the end
     refs, own, est = _seed_cheaper_on(imgs, cheap)
     assert len(refs) == 80
-    codec = FakeBitsBackCodec()
-    payload, fields, rep = stream.encode(imgs, codec, st, tile_bits=est)
-    chosen = stream.choose_seed_tiles(own, est, lambda j: stream.need_bits([refs[j]], [imgs[refs[j].image].color.shape[0]], 8, DEFICIT))
-    assert chosen[cheap].all() and fields["n_seed"] == rep.n_seed == chosen.sum() < len(refs)
-    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
-    back = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st)
-    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
-    flags = math.log2(math.comb(len(refs), int(chosen.sum())))
-    sizes = sum(math.log2(min(st.max_batch, e - rep.n_seed)) for _, e in rep.batches)
-    assert rep.signal_bits == pytest.approx(sizes + flags, abs=0.05)
-    predicted = rep.extra_bits + rep.seed_bits + codec.net_bits + rep.model_bits + rep.signal_bits
-    assert rep.pad_consumed_bits <= 64
-    assert abs(rep.payload_bits - rep.pad_consumed_bits - predicted) < 64 + 1e-4 * predicted
+    payload, fields, _, _, shapes = _chosen_stream(imgs, st, own, est, cheap)
     # decoded with "first" (the header's seed_tiles lost), the same payload does not come back
     with pytest.raises(Exception):
         wrong = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), StreamSettings(tile=8, batching="bits"))
@@ -247,37 +256,23 @@ def test_chosen_seed_tiles_round_trip_and_cost_what_they_say():
 def test_seed_tiles_in_the_image_context_round_trip_and_cost_what_they_say():
     """seed_context "image": the chosen seed tiles of each image are coded at once by the seed codec
     over the whole image, the model's tiles (decoded before them) known: the stream decodes, its size
-    is the predicted codelength, the seed tiles cost their pixels' share of the whole-image coding
-    (tile_seed_bits) and less than the same tiles coded each alone."""
+    is the predicted codelength, the seed tiles cost at most their pixels' share of the whole-image
+    coding (tile_seed_bits) plus each image's plane flags, and that share is below the same tiles
+    coded each alone."""
     imgs = _images(6)
     cheap = [5, 30, 78]  # the flat image's, the noisy image's, the last
-    refs, _, est = _seed_cheaper_on(imgs, cheap)
-    results = {}
+    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
+    own = {}
     for context in ("tile", "image"):
         st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen", seed_context=context)
-        own = stream.tile_seed_bits(imgs, refs, st)
-        est = own - 1000.0
-        est[cheap] = own[cheap] + 1.0
-        codec = FakeBitsBackCodec()
-        payload, fields, rep = stream.encode(imgs, codec, st, tile_bits=est)
-        chosen = stream.choose_seed_tiles(own, est, lambda j: stream.need_bits([refs[j]], [imgs[refs[j].image].color.shape[0]], 8, DEFICIT))
-        assert chosen[cheap].all() and fields["n_seed"] == rep.n_seed == chosen.sum() < len(refs)
-        shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
-        back = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st)
-        assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
-        assert np.array_equal(back[3].extra, imgs[3].extra)
-        predicted = rep.extra_bits + rep.seed_bits + codec.net_bits + rep.model_bits + rep.signal_bits
-        assert rep.pad_consumed_bits <= 64
-        assert abs(rep.payload_bits - rep.pad_consumed_bits - predicted) < 64 + 1e-4 * predicted
-        flags = sum(1 + 2 * c + 1 for c in {refs[i].image: imgs[refs[i].image].color.shape[0] for i in np.flatnonzero(chosen)}.values())
-        if context == "image":  # at most the pixels' share plus each image's plane flags
-            assert rep.seed_bits <= own[chosen].sum() + flags
-        results[context] = (own, chosen, rep.seed_bits)
-    (own_t, chosen_t, bits_t), (own_i, chosen_i, bits_i) = results["tile"], results["image"]
-    assert (own_i[chosen_t] < own_t[chosen_t]).mean() > 0.5 and own_i[chosen_t].sum() < own_t[chosen_t].sum()
+        own[context] = stream.tile_seed_bits(imgs, refs, st)
+        est = own[context] - 1000.0
+        est[cheap] = own[context][cheap] + 1.0
+        payload, fields, rep, chosen, shapes = _chosen_stream(imgs, st, own[context], est, cheap)
+    seed_images = {refs[i].image: imgs[refs[i].image].color.shape[0] for i in np.flatnonzero(chosen)}
+    assert rep.seed_bits <= own["image"][chosen].sum() + sum(1 + 2 * c for c in seed_images.values())
+    assert own["image"][chosen].sum() < own["tile"][chosen].sum()
     # decoded as "tile" (the header's seed_context lost), the same payload does not come back
-    st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen", seed_context="image")
-    payload, fields, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
     with pytest.raises(Exception):
         wrong = stream.decode(payload, fields, shapes, FakeBitsBackCodec(),
                               StreamSettings(tile=8, batching="bits", seed_tiles="chosen"))
@@ -295,23 +290,28 @@ def test_chosen_seed_tiles_need_bits_batching():
             stream.encode(_images(), FakeBitsBackCodec(), st)
 
 
-def test_a_chosen_stream_written_by_0_9_14_decodes():
-    """tests/golden/stream-chosen.bin: the stream of test_chosen_seed_tiles_round_trip_and_cost_what_
-    they_say as 0.9.14 wrote it (the fake codec, seed tiles 5 and 78 of 80): its choice flags and
-    tile order must keep decoding as they did, and the encoder must keep writing the same words."""
+def _golden_stream(name: str, st: StreamSettings, n_seed: int, est: np.ndarray) -> None:
+    """tests/golden/<name>: a stream of _images(6) with the fake codec, 80 tiles: it decodes, and the
+    encoder, given the same estimate, writes the same words."""
     from pathlib import Path
 
     imgs = _images(6)
-    st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen")
-    words = np.frombuffer((Path(__file__).parent / "golden" / "stream-chosen.bin").read_bytes(), dtype="<u4")
-    fields = {"n_seed": 2, "pad_words": 2001, "pad_stripped": 2000, "n_tiles": 80}
+    words = np.frombuffer((Path(__file__).parent / "golden" / name).read_bytes(), dtype="<u4")
+    fields = {"n_seed": n_seed, "pad_words": 2001, "pad_stripped": 2000, "n_tiles": 80}
     shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
     back = stream.decode(words.astype(np.uint32), fields, shapes, FakeBitsBackCodec(), st)
     assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
     assert np.array_equal(back[3].extra, imgs[3].extra)
-    _, _, est = _seed_cheaper_on(imgs, [5, 78])
     payload, again, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
     assert again == fields and np.array_equal(payload, words)
+
+
+def test_a_chosen_stream_written_by_0_9_14_decodes():
+    """tests/golden/stream-chosen.bin: the stream of test_chosen_seed_tiles_round_trip_and_cost_what_
+    they_say as 0.9.14 wrote it (the fake codec, seed tiles 5 and 78 of 80): its choice flags and
+    tile order must keep decoding as they did, and the encoder must keep writing the same words."""
+    _, _, est = _seed_cheaper_on(_images(6), [5, 78])
+    _golden_stream("stream-chosen.bin", StreamSettings(tile=8, batching="bits", seed_tiles="chosen"), 2, est)
 
 
 def test_a_stream_in_the_image_context_written_by_0_9_15_decodes():
@@ -319,19 +319,9 @@ def test_a_stream_in_the_image_context_written_by_0_9_15_decodes():
     trip_and_cost_what_they_say as 0.9.15 wrote it (the fake codec, seed tiles 5, 30 and 78 of 80,
     each image's coded at once by seed_push_known): it must keep decoding as it did, and the encoder
     must keep writing the same words."""
-    from pathlib import Path
-
     imgs = _images(6)
     st = StreamSettings(tile=8, batching="bits", seed_tiles="chosen", seed_context="image")
-    words = np.frombuffer((Path(__file__).parent / "golden" / "stream-context.bin").read_bytes(), dtype="<u4")
-    fields = {"n_seed": 3, "pad_words": 2001, "pad_stripped": 2000, "n_tiles": 80}
-    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
-    back = stream.decode(words.astype(np.uint32), fields, shapes, FakeBitsBackCodec(), st)
-    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
-    assert np.array_equal(back[3].extra, imgs[3].extra)
-    refs = T.plan_tiles([im.color_shape for im in imgs], 8)
-    own = stream.tile_seed_bits(imgs, refs, st)
+    own = stream.tile_seed_bits(imgs, T.plan_tiles([im.color_shape for im in imgs], 8), st)
     est = own - 1000.0
     est[[5, 30, 78]] = own[[5, 30, 78]] + 1.0
-    payload, again, _ = stream.encode(imgs, FakeBitsBackCodec(), st, tile_bits=est)
-    assert again == fields and np.array_equal(payload, words)
+    _golden_stream("stream-context.bin", st, 3, est)
