@@ -187,8 +187,9 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
 def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, monkeypatch):
     """With the seed codec's bits, tile_model_bits estimates again, from other time samples (a
     generator of another seed), the tiles that its first estimate puts below the seed codec or within
-    CHOICE_REFINE_BPD of it, and keeps that second estimate for them. A stand-in bound: a tile's mean
-    pixel value plus its generator's seed; a grey image's tiles stay NaN."""
+    CHOICE_REFINE_BPD of it, and keeps that second estimate for them, where the first has fewer time
+    samples than the second. A stand-in bound: a tile's mean pixel value plus its generator's seed;
+    a grey image's tiles stay NaN."""
     from scoreflow_codec import likelihood
     monkeypatch.setattr(likelihood, "bound_terms", lambda m, x, deq, n_t, generator, **kw:
                         {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()})
@@ -201,6 +202,9 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
     assert np.isnan(first[6:]).all() and len(first) == 6 + 4
     seed = np.full(len(refs), np.nan)
     seed[:6] = first[:6] + np.array([-1, 0.05, -0.05, -0.2, 1, -0.15]) * dims[:6]  # bits/dim from the first
+    assert np.array_equal(api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed), first, equal_nan=True)
+    monkeypatch.setattr(api, "CHOICE_N_T", 16)  # a first estimate of 16 samples: estimated again
+    assert np.array_equal(api.tile_model_bits(srcs, model, 32, excess_bpd=0.5), first, equal_nan=True)
     again = api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed)
     near = np.array([False, True, True, False, True, False])  # first < seed + CHOICE_REFINE_BPD (0.1)
     assert np.allclose(again[:6][near], first[:6][near] + dims[:6][near]) and np.array_equal(again[:6][~near], first[:6][~near])
