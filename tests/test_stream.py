@@ -260,7 +260,7 @@ def test_seed_tiles_in_the_image_context_round_trip_and_cost_what_they_say():
     coding (tile_seed_bits) plus each image's plane flags, and that share is below the same tiles
     coded each alone."""
     imgs = _images(6)
-    cheap = [5, 30, 78]  # the flat image's, the noisy image's, the last
+    cheap = [5, 30, 65, 78]  # the flat image's, the noisy image's, the grey image's, the last (RGBA)
     refs = T.plan_tiles([im.color_shape for im in imgs], 8)
     own = {}
     for context in ("tile", "image"):
