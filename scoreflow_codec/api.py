@@ -21,6 +21,7 @@ import numpy as np
 from . import __version__, container, images as imgs
 from .coding import stream
 from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
+from .coding.seed_codec import shared_analyses
 from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError
 from .estimate import Estimate, sequential_mean
 
@@ -266,6 +267,7 @@ def _shapes(sources: list[imgs.SourceImage]):
             for s in sources]
 
 
+@shared_analyses()  # the seed codec analyses each image once: fallback file, tile shares, seed tiles
 def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,

@@ -516,3 +516,44 @@ def test_known_pixels_garbage_and_errors():
             seed_pop_known(Message(), planes, bad)
     with pytest.raises(ValueError, match="uint8"):
         seed_push_known(Message(), planes.astype(np.int64), mask)
+
+
+@pytest.mark.parametrize("version", [1, 3, LATEST])
+def test_shared_analyses_give_the_same_bits_and_analyse_once(version, monkeypatch):
+    """Within shared_analyses(), the planes' analysis is made once and every call reuses it: the
+    pushes make the same words as without the scope, the sizes and pixel bits are the same numbers;
+    planes that differ in one value, or the other version, are analysed anew; the scope keeps at most
+    SHARED_BYTES (the oldest out first, the last always in) and nothing after it ends."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _chroma_synthetic(24, 20)[:3].copy()
+    mask = _known_masks(24, 20)["tiles"]
+
+    def calls():
+        m1, m2 = Message(), Message()
+        seed_push(m1, planes, version)
+        seed_push_known(m2, planes, mask, version)
+        return m1.words(), m2.words(), seed_bits(planes, version), seed_pixel_bits(planes, version)
+
+    plain = calls()
+    runs = []
+    real = sc._analyse
+    monkeypatch.setattr(sc, "_analyse", lambda *a, **k: runs.append(a[3]) or real(*a, **k))
+    with sc.shared_analyses():
+        shared = calls()
+        assert runs == ([False, True] if version >= 2 else [False])  # one analysis for the four calls
+        other = planes.copy()
+        other[1, 3, 4] ^= 1
+        seed_bits(other, version)
+        with sc.shared_analyses():  # a nested scope shares the store
+            seed_bits(other, version)
+        assert len(runs) == 2 * (2 if version >= 2 else 1)
+        monkeypatch.setattr(sc, "SHARED_BYTES", 1)
+        other[0, 0, 0] ^= 1
+        seed_bits(other, version)  # over budget: the older two go, the last stays
+        assert len(sc._SHARED.get()) == 1
+        seed_bits(other, version)
+        assert len(runs) == 3 * (2 if version >= 2 else 1)
+    assert sc._SHARED.get() is None
+    for a, b in zip(plain, shared):
+        assert np.array_equal(a, b)

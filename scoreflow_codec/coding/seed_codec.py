@@ -110,7 +110,10 @@ encode and 0.15 (Kodak) to 0.07 (32x32, per-wavefront overhead) Mpix/s to decode
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import hashlib
 import lzma
 from typing import NamedTuple
 
@@ -652,6 +655,78 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
     return out
 
 
+SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: about 130 MB)
+# shared_analyses(): the analyses of its scope by (version, shape, digest of the planes); None: no scope
+_SHARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("seed_codec_analyses", default=None)
+
+
+class _Option(NamedTuple):
+    """One least-squares option of an image's analysis: the planes in coding order and per plane
+    None (constant) or ((pixel bits, _Plan) of the blend, (pixel bits, _Plan) of the difference mode
+    or None)."""
+    ls: bool
+    flat: list
+    planes: list
+
+
+def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
+    """Everything the encoder's choice of modes reads, per least-squares option: the expensive
+    part of every push (about 8 s for both options on a 768x512 image). Taken from the scope's
+    store where shared_analyses() is active and these planes were analysed already."""
+    store = _SHARED.get()
+    key = None
+    if store is not None:
+        key = (version, planes.shape, hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
+        if key in store:
+            return store[key]
+    out, diff = [], None
+    for ls in ([False, True] if version >= 2 else [False]):
+        flat, bins, centres, signs, st = _analyse(planes, lay, version, ls)
+        per = []
+        for c in range(len(flat)):
+            if (flat[c] == flat[c][0]).all():
+                per.append(None)
+                continue
+            plan = _Plan(bins[c], centres[c], signs[c], _prior()[min(c, 1)])
+            if version >= 3 and c > 0 and diff is None:  # it does not depend on the least-squares flag
+                diff = _diff_plans(st, lay, flat)
+            per.append(((_plane_pixel_bits(lay, flat[c], plan), plan), diff[c] if version >= 3 and c > 0 else None))
+        out.append(_Option(ls, flat, per))
+    if store is not None:
+        store[key] = out
+        while sum(_nbytes(v) for v in store.values()) > SHARED_BYTES and len(store) > 1:
+            del store[next(iter(store))]  # the oldest first: a scope over many images keeps the last
+    return out
+
+
+def _nbytes(options: list[_Option]) -> int:
+    """The memory of an analysis: its arrays, each once (the options share the difference mode's
+    plans, and the priors are shared by every analysis: not counted)."""
+    arrays = {id(f): f for o in options for f in o.flat}
+    for o in options:
+        for e in o.planes:
+            for pv in (e or ()):
+                if pv is not None:
+                    v, plan = pv
+                    for a in (v, plan.rows, plan.centres, plan.signs, plan.coarse):
+                        if a is not None:
+                            arrays[id(a)] = a
+    return sum(a.nbytes for a in arrays.values())
+
+
+@contextlib.contextmanager
+def shared_analyses():
+    """Within this scope, an image's analysis (_analysis) is made once and reused by every push,
+    pixel-bits and size call on the same planes (compress: the fallback file, the seed tiles' shares
+    and the in-context push of one photograph). The bytes are the same with or without it."""
+    token = _SHARED.set({} if _SHARED.get() is None else _SHARED.get())
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+
 def _choose(planes: np.ndarray, lay: _Layout, version: int, coded: np.ndarray | None = None):
     """(least squares on?, the planes in coding order, a _Plan per plane (None: constant),
     predicted bits, [n] bits of each pixel over its planes). Version 2 codes the image with and
@@ -660,33 +735,28 @@ def _choose(planes: np.ndarray, lay: _Layout, version: int, coded: np.ndarray | 
     first in the difference mode and keeps the smaller per channel (one flag each).
     coded (bool [n], seed_push_known): only those pixels are coded; the choices and the predicted
     bits are theirs (the pixel bits are every pixel's)."""
-    options = [False, True] if version >= 2 else [False]
-    best, diff = None, None
+    best = None
     total = (lambda v: float(v.sum())) if coded is None else (lambda v: float(v[coded].sum()))
-    for ls in options:
-        flat, bins, centres, signs, st = _analyse(planes, lay, version, ls)
+    for opt in _analysis(planes, lay, version):
         plans, bits, pixel = [], (1.0 if version >= 2 else 0.0), np.zeros(lay.n)
-        for c in range(len(flat)):
+        for c, entry in enumerate(opt.planes):
             bits += 1.0
-            if (flat[c] == flat[c][0]).all():
+            if entry is None:
                 plans.append(None)
                 bits += 8.0
                 continue
-            plan = _Plan(bins[c], centres[c], signs[c], _prior()[min(c, 1)])
-            v = _plane_pixel_bits(lay, flat[c], plan)
+            (v, plan), diff = entry
             b = total(v)
-            if version >= 3 and c > 0:
-                if diff is None:  # it does not depend on the least-squares flag
-                    diff = _diff_plans(st, lay, flat)
+            if diff is not None:
                 bits += 1.0
-                if total(diff[c][0]) < b:
-                    v, plan = diff[c]
+                if total(diff[0]) < b:
+                    v, plan = diff
                     b = total(v)
             plans.append(plan)
             bits += b
             pixel += v
         if best is None or bits < best[3]:
-            best = (ls, flat, plans, bits, pixel)
+            best = (opt.ls, opt.flat, plans, bits, pixel)
     return best
 
 
