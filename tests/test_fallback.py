@@ -184,15 +184,23 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
     assert e.mean == pytest.approx(np.average(per_image, weights=[a.size for a in arrs]), rel=1e-12)
 
 
-def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, monkeypatch):
+@pytest.mark.parametrize("fast", [False, True])
+def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, monkeypatch, fast):
     """With the seed codec's bits, tile_model_bits estimates again, from other time samples (a
     generator of another seed), the tiles that its first estimate puts below the seed codec or within
     CHOICE_REFINE_BPD of it, and keeps that second estimate for them, where the first has fewer time
-    samples than the second. A stand-in bound: a tile's mean pixel value plus its generator's seed;
-    a grey image's tiles stay NaN."""
-    from scoreflow_codec import likelihood
-    monkeypatch.setattr(likelihood, "bound_terms", lambda m, x, deq, n_t, generator, **kw:
-                        {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()})
+    samples than the second. Where bfloat16 is fast (`fast`), that first estimate runs in it
+    (models.Bf16) and the tiles within CHOICE_BF16_BPD more are estimated again too, in float32; the
+    estimates without seed bits never run in it. A stand-in bound: a tile's mean pixel value plus its
+    generator's seed; a grey image's tiles stay NaN."""
+    from scoreflow_codec import likelihood, models
+    nets = []
+
+    def bound(m, x, deq, n_t, generator, **kw):
+        nets.append((type(m).__name__, n_t))
+        return {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()}
+    monkeypatch.setattr(likelihood, "bound_terms", bound)
+    monkeypatch.setattr(models, "bf16_is_fast", lambda dev: fast)
     srcs = [images.from_array(_gradient(64, 96)), images.from_array(_gradient(40, 40)[..., 0])]
     refs = api.stream.T.plan_tiles([s.color.shape for s in srcs], 32)
     dims = np.array([3 * r.h * r.w for r in refs])
@@ -201,14 +209,18 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
     assert np.allclose(means, [api.image_tiles(_gradient(64, 96), 32)[i].astype(np.float64).mean() for i in range(6)])
     assert np.isnan(first[6:]).all() and len(first) == 6 + 4
     seed = np.full(len(refs), np.nan)
-    seed[:6] = first[:6] + np.array([-1, 0.05, -0.05, -0.2, 1, -0.15]) * dims[:6]  # bits/dim from the first
+    seed[:6] = first[:6] + np.array([-1, 0.05, -0.05, -0.2, 1, -0.12]) * dims[:6]  # bits/dim from the first
     assert np.array_equal(api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed), first, equal_nan=True)
     monkeypatch.setattr(api, "CHOICE_N_T", 16)  # a first estimate of 16 samples: estimated again
     assert np.array_equal(api.tile_model_bits(srcs, model, 32, excess_bpd=0.5), first, equal_nan=True)
+    assert {net for net, _ in nets} == {"GaussianScoreModel"}
+    nets.clear()
     again = api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed)
-    near = np.array([False, True, True, False, True, False])  # first < seed + CHOICE_REFINE_BPD (0.1)
+    # first < seed + CHOICE_REFINE_BPD (0.1), + CHOICE_BF16_BPD (0.05) where the first ran in bf16
+    near = np.array([False, True, True, False, True, fast])
     assert np.allclose(again[:6][near], first[:6][near] + dims[:6][near]) and np.array_equal(again[:6][~near], first[:6][~near])
     assert np.isnan(again[6:]).all()
+    assert nets == [("Bf16" if fast else "GaussianScoreModel", 16), ("GaussianScoreModel", 64)]
 
 
 def test_auto_codes_both_where_it_cannot_estimate(model):

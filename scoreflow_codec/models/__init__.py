@@ -15,3 +15,19 @@ def bf16_is_fast(dev: torch.device | str) -> bool:
         return True
     caps = torch.cpu.get_capabilities() if dev.type == "cpu" else {}
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+class Bf16(torch.nn.Module):
+    """A score model run under bfloat16 autocast, its output cast back: for estimates that only steer
+    the encoder (api.tile_model_bits' first look), never for anything that codes a file. Its bound is
+    a little higher than float32's (the rounding error adds to the denoising error): on kodim14's 96
+    tiles of 64px, `photo`, 16 time samples, the same draws, +0.004 to +0.070 bits/dim (median 0.016)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.sde = model.sde
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.model(x, t).to(x.dtype)
