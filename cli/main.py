@@ -103,7 +103,21 @@ def _progress(total: int, desc: str, quiet: bool):
     from tqdm import tqdm
 
     with tqdm(total=total, desc=desc, unit="tile-step", file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
-        yield bar.update
+        yield _Tick(bar, desc)
+
+
+class _Tick:
+    """A progress bar's update (the api's progress callback), and describe(what): the work under way
+    beside the bar's name, for the stages that tick nothing (compress's seed codec and estimate)."""
+
+    def __init__(self, bar, desc: str):
+        self.bar, self.desc = bar, desc
+
+    def __call__(self, n: int) -> None:
+        self.bar.update(n)
+
+    def describe(self, what: str) -> None:
+        self.bar.set_description_str(f"{self.desc}: {what}")
 
 
 def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = None):
@@ -124,7 +138,7 @@ def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: 
     sources = api.choose_palette_coding(sources, ss.seed)  # before the progress bar counts model tiles
     with _progress(api.compress_work_units(sources, m, mode, settings, ss), "encode", quiet) as tick:
         return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick,
-                            fallback=fallback, arith=arith)
+                            fallback=fallback, arith=arith, phase=tick.describe if tick else None)
 
 
 def _coded_by(rep) -> str:

@@ -271,8 +271,14 @@ def _shapes(sources: list[imgs.SourceImage]):
 def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
-             track: bool = False, fallback: bool | str = False, arith: str = DEFAULT_ARITH) -> tuple[bytes, CompressReport]:
+             track: bool = False, fallback: bool | str = False, arith: str = DEFAULT_ARITH,
+             phase: Callable[[str], None] | None = None) -> tuple[bytes, CompressReport]:
     """Code images with a loaded model into .sfc bytes.
+
+    progress(n): n more tile-steps of the model's stream done (compress_work_units in all);
+    phase(what): called as each stage starts: "seed codec" (the fallback's file), "model estimate"
+    (the bound that decides fallback "auto" or chooses the seed tiles; a minute on a Kodak image,
+    with no ticks), "model stream".
 
     arith: "exact64" (the default), every number that parametrizes a coder computed in exactmath's
     arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x
@@ -337,13 +343,16 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     best = None  # (data, payload, stream report) of the smaller file so far
     seed_bytes = estimate = threshold = saving = None
     in_context = ss.seed_context == "image"
+    phase = phase or (lambda what: None)
     if fallback != "off":
+        phase("seed codec")
         alt_ss = stream.seed_only_settings([im.color_shape for im in images])
         alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss)
         best = (_pack(head, settings, alt_ss, alt_payload, alt_fields), alt_payload, alt_rep)
         seed_bytes = len(best[0])
         if fallback == "auto" and not in_context:
             threshold = 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD
+            phase("model estimate")
             estimate = estimate_model_bpd(sources, model, ss.tile, device, threshold)
     model_bytes = None
     # with no colour planes (palette index planes, alpha) the model's stream codes the same planes
@@ -355,6 +364,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     elif estimate is not None and estimate.mean > threshold:
         skipped = "estimate"
     elif ss.seed_tiles == "chosen":
+        phase("model estimate")
         seed_tile_bits = stream.tile_seed_bits(images, stream.T.plan_tiles([im.color_shape for im in images], ss.tile), ss)
         tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
         if in_context and fallback == "auto" and np.isfinite(tile_bits).all():  # grey tiles: no estimate, code both
@@ -362,6 +372,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
             if saving.bits < saving.needed:
                 skipped = "saving"
     if skipped is None:
+        phase("model stream")
         try:
             with _model_run(None):
                 payload, fields, rep = stream.encode(images, codec, ss, progress, track, tile_bits, seed_tile_bits)

@@ -780,3 +780,25 @@ print("torch" in sys.modules)
     assert r.stdout.strip().splitlines()[-1] == "False", r.stdout
     assert_ok(sfcodec("decompress", good_sfc, "-o", tmp_path / "here.png", "-q"))
     assert (tmp_path / "here.png").read_bytes() == out.read_bytes()
+
+
+def test_progress_bar_names_the_stage(monkeypatch):
+    """On a terminal the encode bar says which stage is running (compress's phase: the seed codec and
+    the model's estimate tick nothing, a minute on a photograph), and ticks as before."""
+    import io
+
+    from cli import main as cli_main
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    with cli_main._progress(10, "encode", False) as tick:
+        tick.describe("model estimate")
+        tick(4)
+        assert tick.bar.n == 4
+    assert "encode: model estimate" in err.getvalue()
+    with cli_main._progress(10, "encode", True) as tick:  # --quiet: no bar
+        assert tick is None

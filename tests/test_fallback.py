@@ -115,16 +115,22 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
     """Seed tiles in the image's context (compress's default): in distribution the model's tiles are
     far cheaper than the seed codec's share of them, so both are coded and the model's file is kept.
     A ramp: no tile is expected cheaper through the model, so its stream is never coded and the file
-    is the seed codec's, the same bytes as "both" writes."""
+    is the seed codec's, the same bytes as "both" writes. compress names each stage as it starts it
+    (phase), the model's stream only where it is coded."""
     from cli import main as cli_main
     src = [images.from_array(_in_distribution(model))]
-    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
+    stages = []
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
+    assert stages == ["seed codec", "model estimate", "model stream"]
     assert rep.model_saving.tiles == 4 and rep.model_saving.bits > 2 * rep.model_saving.needed
     assert rep.coded_by == "model" and rep.model_skipped is None and rep.model_estimate is None
     assert data == api.compress(src, model, "ode", SETTINGS)[0]
     ramp = [images.from_array(_gradient())]
     ticks = []
-    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, progress=ticks.append)  # True: "auto"
+    stages.clear()
+    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, progress=ticks.append,  # True: "auto"
+                             phase=stages.append)
+    assert stages == ["seed codec", "model estimate"]
     assert rep.model_bytes is None and rep.coded_by == "seed" and rep.model_skipped == "saving"
     assert rep.model_saving.tiles == 0 and rep.model_saving.bits == 0 and rep.model_saving.needed == api.SAVING_MIN_BITS
     assert sum(ticks) == api.compress_work_units(ramp, model, "ode", SETTINGS)  # the bar completes
