@@ -551,7 +551,8 @@ def test_shared_analyses_give_the_same_bits_and_analyse_once(version, monkeypatc
         monkeypatch.setattr(sc, "SHARED_BYTES", 1)
         other[0, 0, 0] ^= 1
         seed_bits(other, version)  # over budget: the older two go, the last stays
-        assert len(sc._SHARED.get()) == 1
+        store = sc._SHARED.get()
+        assert len(store.items) == 1 and store.bytes == sc._nbytes(next(iter(store.items.values()))[0])
         seed_bits(other, version)
         assert len(runs) == 3 * (2 if version >= 2 else 1)
     assert sc._SHARED.get() is None

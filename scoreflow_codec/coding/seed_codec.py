@@ -657,7 +657,7 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
 
 SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: about 130 MB)
 # shared_analyses(): the analyses of its scope by (version, shape, digest of the planes); None: no scope
-_SHARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("seed_codec_analyses", default=None)
+_SHARED: contextvars.ContextVar["_Store | None"] = contextvars.ContextVar("seed_codec_analyses", default=None)
 
 
 class _Option(NamedTuple):
@@ -677,8 +677,8 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     key = None
     if store is not None:
         key = (version, planes.shape, hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
-        if key in store:
-            return store[key]
+        if key in store.items:
+            return store.items[key][0]
     out, diff = [], None
     for ls in ([False, True] if version >= 2 else [False]):
         flat, bins, centres, signs, st = _analyse(planes, lay, version, ls)
@@ -693,10 +693,24 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
             per.append(((_plane_pixel_bits(lay, flat[c], plan), plan), diff[c] if version >= 3 and c > 0 else None))
         out.append(_Option(ls, flat, per))
     if store is not None:
-        store[key] = out
-        while sum(_nbytes(v) for v in store.values()) > SHARED_BYTES and len(store) > 1:
-            del store[next(iter(store))]  # the oldest first: a scope over many images keeps the last
+        store.put(key, out)
     return out
+
+
+class _Store:
+    """shared_analyses()'s analyses by key, with their memory: at most SHARED_BYTES, the oldest out
+    first (a scope over many images keeps the last ones; the last one always)."""
+
+    def __init__(self):
+        self.items: dict = {}
+        self.bytes = 0
+
+    def put(self, key, options: list[_Option]) -> None:
+        n = _nbytes(options)
+        self.items[key] = (options, n)
+        self.bytes += n
+        while self.bytes > SHARED_BYTES and len(self.items) > 1:
+            self.bytes -= self.items.pop(next(iter(self.items)))[1]
 
 
 def _nbytes(options: list[_Option]) -> int:
@@ -719,12 +733,11 @@ def shared_analyses():
     """Within this scope, an image's analysis (_analysis) is made once and reused by every push,
     pixel-bits and size call on the same planes (compress: the fallback file, the seed tiles' shares
     and the in-context push of one photograph). The bytes are the same with or without it."""
-    token = _SHARED.set({} if _SHARED.get() is None else _SHARED.get())
+    token = _SHARED.set(_Store() if _SHARED.get() is None else _SHARED.get())
     try:
         yield
     finally:
         _SHARED.reset(token)
-
 
 
 def _choose(planes: np.ndarray, lay: _Layout, version: int, coded: np.ndarray | None = None):
