@@ -41,7 +41,7 @@ class TrainConfig:
     eval_n_t: int = 64
     save_every: int = 2000
     compact_checkpoint: bool = False      # 8 bytes per parameter instead of 16 (checkpoint.py)
-    bf16: bool = True                     # autocast to bf16 on CUDA and on CPUs with native bf16 (scoreflow_codec.models.bf16_is_fast)
+    bf16: bool = True                     # autocast on CUDA and CPUs with native bf16 (models.bf16_is_fast)
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

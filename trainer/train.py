@@ -1,5 +1,6 @@
 """The ScoreFlow training loop: likelihood-weighted DSM with importance sampling, jointly with a
-variational dequantizer, EMA, Adam with warmup and clipping, bf16 on GPU and on CPUs with native bfloat16, DDP under torchrun.
+variational dequantizer, EMA, Adam with warmup and clipping, bf16 on GPU and on CPUs with native
+bfloat16, DDP under torchrun.
 
 Objective per image (nats): dsm_loss(y) + E[-log pi(y_T)] + log q(u | x), y = x + u, which is the
 ScoreFlow bound on -log P(x) up to terms that do not depend on the parameters.
