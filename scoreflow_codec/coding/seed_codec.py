@@ -656,7 +656,7 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
 
 
 SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: about 130 MB)
-# shared_analyses(): the analyses of its scope by (version, shape, digest of the planes); None: no scope
+# shared_analyses(): the analyses of its scope by (version, shape, dtype, digest of the planes); None: no scope
 _SHARED: contextvars.ContextVar["_Store | None"] = contextvars.ContextVar("seed_codec_analyses", default=None)
 
 
@@ -665,7 +665,7 @@ class _Option(NamedTuple):
     None (constant) or ((pixel bits, _Plan) of the blend, (pixel bits, _Plan) of the difference mode
     or None)."""
     ls: bool
-    flat: list
+    flat: np.ndarray
     planes: list
 
 
@@ -676,7 +676,8 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     store = _SHARED.get()
     key = None
     if store is not None:
-        key = (version, planes.shape, hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
+        key = (version, planes.shape, planes.dtype.str,
+               hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
         if key in store.items:
             return store.items[key][0]
     out, diff = [], None
