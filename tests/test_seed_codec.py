@@ -522,7 +522,7 @@ def test_known_pixels_garbage_and_errors():
 def test_shared_analyses_give_the_same_bits_and_analyse_once(version, monkeypatch):
     """Within shared_analyses(), the planes' analysis is made once and every call reuses it: the
     pushes make the same words as without the scope, the sizes and pixel bits are the same numbers;
-    planes that differ in one value, or the other version, are analysed anew; the scope keeps at most
+    planes that differ in one value are analysed anew; a nested scope shares the store; it keeps at most
     SHARED_BYTES (the oldest out first, the last always in) and nothing after it ends."""
     from scoreflow_codec.coding import seed_codec as sc
 
