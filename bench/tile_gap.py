@@ -45,7 +45,7 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
     from scoreflow_codec import likelihood
     from scoreflow_codec.api import padded_tile
     from scoreflow_codec.coding import stream
-    from scoreflow_codec.coding.seed_codec import seed_bits, seed_pixel_bits
+    from scoreflow_codec.coding.seed_codec import seed_bits, seed_pixel_bits, shared_analyses
 
     refs = stream.T.plan_tiles([source.color.shape], tile)
     tiles = np.stack([padded_tile(source.color, r, tile) for r in refs])
@@ -57,10 +57,12 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
             bound.append(likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=n_t, generator=gen).double().numpy())
     model_bpd = np.concatenate(bound)
     seed_tile = np.array([seed_bits(t) / t.size for t in tiles])
-    pix = seed_pixel_bits(source.color)
+    with shared_analyses():  # the whole image's pixel shares and its size: one analysis
+        pix = seed_pixel_bits(source.color)
+        seed_whole = seed_bits(source.color) / source.color.size
     seed_ctx = np.array([pix[r.y0:r.y0 + r.h, r.x0:r.x0 + r.w].sum() / t.size for r, t in zip(refs, tiles)])
     return {"tiles": len(tiles), "model": float(model_bpd.mean()), "seed_tile": float(seed_tile.mean()),
-            "seed_whole": float(seed_bits(source.color) / source.color.size),
+            "seed_whole": float(seed_whole),
             "best_per_tile": float(np.minimum(model_bpd, seed_tile).mean()),
             "model_wins": float((model_bpd < seed_tile).mean()),
             "seed_ctx": float(seed_ctx.mean()), "best_ctx": float(np.minimum(model_bpd, seed_ctx).mean()),
