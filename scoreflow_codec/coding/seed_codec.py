@@ -134,14 +134,17 @@ INC = 64  # count added per coded pixel
 FILL = 128  # value of the missing neighbours of the first pixel
 _WEIGHT_ONE = 1 << 40
 _CHUNK = 8192
-VERSIONS = (1, 2, 3, 4, 5)
-LATEST = 5
+VERSIONS = (1, 2, 3, 4, 5, 6)
+LATEST = 6
 BIAS_SHRINK = 8   # version 2: the bias is sum / (count + this): a few pixels do not move it far
 BIAS_HALVE = 128  # version 2: counts halve here, so the bias follows the image
 BIAS_MAX_ERR = 40  # version 2: errors beyond 5 pixel values (edges) stay out of the bias
 _N_TEX = 7        # version 2: texture bits of the bias context
 LS_RADIUS = 4     # version 2: the least-squares predictor's window
 LS_RIDGE = 1.0    # version 2: its ridge (the normal equations' entries are ~10^5 - 10^6)
+LS_RADIUS_6 = 5   # version 6: the least-squares window, and four more neighbours as its features:
+LS_EXTRA = ((-2, 1), (-1, -2), (-2, -1), (-2, 2))  # (dy, dx) of NNE, NWW, NNW, NNEE (N where missing)
+HIST_HALVE = 8192 * INC  # version 6: a blend histogram row halves past 8192 pixels' counts
 # Version 3's difference mode (channels after the first): contexts = activity level (the sum of
 # |residual| at N, W, NW, NE below DIFF_ACT[0], below DIFF_ACT[1], or not) x the difference
 # plane's gradients N-NW, W-NW, NE-N clipped to +-DIFF_GRAD x the pixel's row and column parity
@@ -241,19 +244,37 @@ def _ls_offsets(radius: int) -> np.ndarray:
     return np.array(offs, dtype=np.int64)
 
 
-_LS_OFFSETS = _ls_offsets(LS_RADIUS)
-_LS_MAX_SUM = len(_LS_OFFSETS) * 255 * 255
+_LS_OFFSETS = {2: _ls_offsets(LS_RADIUS), 6: _ls_offsets(LS_RADIUS_6)}  # by the version that set them
+_LS_MAX_SUM = max(len(o) for o in _LS_OFFSETS.values()) * 255 * 255
 assert _LS_MAX_SUM < 2 ** 24  # the normal equations stay exact in float32
+
+
+def _ls_window(version: int) -> np.ndarray:
+    """The least-squares predictor's training offsets in a version (2 - 5: radius 4; 6: radius 5)."""
+    return _LS_OFFSETS[6 if version >= 6 else 2]
+
+
+def _ls_dims(c: int, version: int) -> int:
+    """The number of least-squares features of channel c: six neighbours (ten from version 6), the
+    earlier channels at the pixel, and 1."""
+    return 7 + c + (len(LS_EXTRA) if version >= 6 else 0)
 
 
 def _ls_features(st: "_State", c: int, j: np.ndarray) -> np.ndarray:
     """[n, d] float32 features of channel c at pixels j (known): its six causal neighbours, the
-    earlier channels' values at j, and 1. Small integers: exact in float32."""
-    f = np.empty((len(j), 7 + c), dtype=np.float32)
+    earlier channels' values at j, and 1; from version 6 also NNE, NWW, NNW and NNEE (LS_EXTRA, all
+    in earlier wavefronts; N where outside the image). Small integers: exact in float32."""
+    f = np.empty((len(j), _ls_dims(c, st.version)), dtype=np.float32)
     f[:, :6] = st.x[c][st.lay.nbr[:, j]].T
     for r in range(c):
         f[:, 6 + r] = st.x[r][j]
     f[:, 6 + c] = 1
+    if st.version >= 6:
+        w_ = st.lay.w
+        y, x = np.divmod(j, w_)
+        for k, (dy, dx) in enumerate(LS_EXTRA):
+            inside = (y + dy >= 0) & (x + dx >= 0) & (x + dx < w_)
+            f[:, 7 + c + k] = st.x[c][np.where(inside, j + dy * w_ + dx, st.lay.nbr[0, j])]
     return f
 
 
@@ -279,7 +300,7 @@ def _solve_spd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     """Version 2's eighth sub-predictor (GLICBAWLS-style), in 1/8 pixel: least squares on the
-    pixels of _LS_OFFSETS around each pixel (features from _ls_features), ridge LS_RIDGE. Pixels
+    pixels of _ls_window around each pixel (features from _ls_features), ridge LS_RIDGE. Pixels
     must come in an order where those are known (wavefronts, or raster order); it records the
     features of idx for the pixels after them.
 
@@ -290,7 +311,8 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     st.feat[c][idx] = fi
     w_ = st.lay.w
     y, x = np.divmod(idx, w_)
-    dy, dx = _LS_OFFSETS[None, :, 0], _LS_OFFSETS[None, :, 1]
+    window = _ls_window(st.version)
+    dy, dx = window[None, :, 0], window[None, :, 1]
     ok = (y[:, None] + dy >= 0) & (x[:, None] + dx >= 0) & (x[:, None] + dx < w_)   # [n, K]
     j = np.where(ok, idx[:, None] + dy * w_ + dx, 0)  # masked next
     f = st.feat[c][j] * ok[..., None].astype(np.float32)                               # [n, K, d]
@@ -370,7 +392,7 @@ class _State:
         self.err = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         self.own = [np.zeros((layout.n + 1, k_), dtype=np.int64) for _ in range(c)]
         # version 2: each pixel's least-squares features, for the pixels that train on it
-        self.feat = [np.zeros((layout.n + 1, 7 + k), dtype=np.float32) for k in range(c)] if ls else None
+        self.feat = [np.zeros((layout.n + 1, _ls_dims(k, version)), dtype=np.float32) for k in range(c)] if ls else None
         self.pred = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         # version 3: the difference mode's residual x - prediction (channels after the first)
         self.dres = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)] if version >= 3 else None
@@ -524,13 +546,30 @@ def _tables(windows: np.ndarray, bins: np.ndarray, p: np.ndarray, sign: np.ndarr
     return t.astype(np.float64)
 
 
+def _halve(hist: np.ndarray, rows: np.ndarray, limit: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Version 6: halve (rounding up: every count stays >= 1) the rows among `rows` whose total
+    exceeds `limit`, so the histograms follow the image; None where none does (or no limit), else
+    (those rows, their counts before) for a pusher that rewinds."""
+    if limit is None:
+        return None
+    used = np.unique(rows)
+    big = used[hist[used].sum(axis=1) > limit]
+    if not len(big):
+        return None
+    saved = hist[big].copy()
+    hist[big] = (saved + 1) >> 1
+    return big, saved
+
+
 class _Counts:
     """The adaptive counts one plane is coded with: rows of residual histograms (integer counts)
     and, in version 4's difference mode, coarse rows whose window is added to a pixel's row scaled
-    to DIFF_MIX in total (integer floor division: exact on every machine)."""
+    to DIFF_MIX in total (integer floor division: exact on every machine). halve_at (version 6's
+    blend rows): settle() halves a row past that total."""
 
-    def __init__(self, prior: np.ndarray, cprior: np.ndarray | None = None):
+    def __init__(self, prior: np.ndarray, cprior: np.ndarray | None = None, halve_at: int | None = None):
         self.hist = prior.copy()
+        self.halve_at = halve_at
         self.windows = sliding_window_view(self.hist, 256, axis=1)
         self.coarse = None if cprior is None else cprior.copy()
         if self.coarse is not None:
@@ -553,6 +592,10 @@ class _Counts:
         if self.coarse is not None:
             np.add.at(self.coarse, (crows, slot), inc)
             np.add.at(self.ctotal, crows, inc)
+
+    def settle(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """After a wavefront's add: halve its rows past halve_at (_halve)."""
+        return _halve(self.hist, rows, self.halve_at)
 
 
 def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: bool = False):
@@ -602,7 +645,8 @@ def _analyse(planes: np.ndarray, layout: _Layout, version: int, ls: bool = False
 class _Plan(NamedTuple):
     """How the encoder codes one plane: per pixel the histogram row, centre and sign; the rows'
     prior; whether it is version 3's difference mode (a flag in the stream); version 4's coarse
-    rows in that mode and their prior (None: none)."""
+    rows in that mode and their prior (None: none); version 6's halving limit of the rows (None:
+    they never halve)."""
     rows: np.ndarray
     centres: np.ndarray
     signs: np.ndarray
@@ -610,9 +654,10 @@ class _Plan(NamedTuple):
     diff: bool = False
     coarse: np.ndarray | None = None
     cprior: np.ndarray | None = None
+    halve: int | None = None
 
     def counts(self) -> _Counts:
-        return _Counts(self.prior, self.cprior)
+        return _Counts(self.prior, self.cprior, self.halve)
 
 
 def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan) -> np.ndarray:
@@ -636,6 +681,7 @@ def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan) -> np.ndarray:
         cum = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
         out[idx] = -np.log2(h[r, slot] / (cum[r, lo + 256] - cum[r, lo]))
         np.add.at(hist, (b, slot), INC)
+        _halve(hist, b, plan.halve)
     return out
 
 
@@ -669,6 +715,11 @@ class _Option(NamedTuple):
     planes: list
 
 
+def _blend_halve(version: int) -> int | None:
+    """The blend mode's histogram rows halve past HIST_HALVE from version 6 (None: never)."""
+    return HIST_HALVE if version >= 6 else None
+
+
 def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     """Everything the encoder's choice of modes reads, per least-squares option: the expensive
     part of every push (about 8 s for both options on a 768x512 image). Taken from the scope's
@@ -688,7 +739,7 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
             if (flat[c] == flat[c][0]).all():
                 per.append(None)
                 continue
-            plan = _Plan(bins[c], centres[c], signs[c], _prior()[min(c, 1)])
+            plan = _Plan(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
             if version >= 3 and c > 0 and diff is None:  # it does not depend on the least-squares flag
                 diff = _diff_plans(st, lay, flat)
             per.append(((_plane_pixel_bits(lay, flat[c], plan), plan), diff[c] if version >= 3 and c > 0 else None))
@@ -851,15 +902,23 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: boo
     """Push the pixels (those where `coded`, default all) of planes in coding order with their plans,
     then the plane flags: everything after the LZMA mode's flag, which _pop_plans pops."""
     c_ = len(flat)
-    counts = []
+    counts, halved = [], [{} for _ in range(c_)]  # halved[c]: wavefront -> (rows, their counts before)
     for c, pl in enumerate(plans):
         cc = None
         if pl is not None:
             cc = pl.counts()
-            cc.add(pl.rows, pl.coarse, _slot(flat[c], pl.centres, pl.signs), INC)
+            if cc.halve_at is None:  # the counts after the last wavefront, at once
+                cc.add(pl.rows, pl.coarse, _slot(flat[c], pl.centres, pl.signs), INC)
+            else:  # version 6's rows halve as they fill: wavefront by wavefront, logging each halving
+                for k, idx in enumerate(lay.steps):
+                    cc.add(pl.rows[idx], None, _slot(flat[c][idx], pl.centres[idx], pl.signs[idx]), INC)
+                    event = cc.settle(pl.rows[idx])
+                    if event is not None:
+                        halved[c][k] = event
         counts.append(cc)
     # A stack: push the last wavefront first; rewind each histogram to its state before it.
-    for idx in reversed(lay.steps):
+    for k in reversed(range(len(lay.steps))):
+        idx = lay.steps[k]
         sel = None if coded is None else coded[idx]
         for c in reversed(range(c_)):
             pl = plans[c]
@@ -867,6 +926,9 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: boo
                 continue
             b, p, sg, x = pl.rows[idx], pl.centres[idx], pl.signs[idx], flat[c][idx]
             cb = None if pl.coarse is None else pl.coarse[idx]
+            if k in halved[c]:  # undo the halving after this wavefront's add
+                rows, before = halved[c][k]
+                counts[c].hist[rows] = before
             counts[c].add(b, cb, _slot(x, p, sg), -INC)
             if sel is not None:
                 if not sel.any():
@@ -901,7 +963,8 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
     st = _State(lay, c_, version, ls)
     bias = _Bias(c_) if version >= 2 else None
     coarse = version >= 4  # version 4's difference mode: fine and coarse rows
-    counts = [_Counts(*_diff_priors(version)) if diff[c] else _Counts(_prior()[min(c, 1)]) for c in range(c_)]
+    counts = [_Counts(*_diff_priors(version)) if diff[c] else _Counts(_prior()[min(c, 1)], halve_at=_blend_halve(version))
+              for c in range(c_)]
     for idx in lay.steps:
         sel = None if coded is None else coded[idx]
         for c in range(c_):
@@ -934,6 +997,7 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
                         x[sel] = _pop(m, int(sel.sum()), _CATEGORICAL,
                                       counts[c].tables(b[sel], None if cb is None else cb[sel], pr[sel], sg[sel]))
                 counts[c].add(b, cb, _slot(x, pr, sg), INC)
+                counts[c].settle(b)
                 if biased:
                     bias.update(c, ctx, x, pred)
             st.record(c, idx, x, p, pred)
