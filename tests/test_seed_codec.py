@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from scoreflow_codec.coding.ans import Message, padding_words
+from scoreflow_codec.coding.seed_codec import _ls_mode_bits
 from scoreflow_codec.coding.seed_codec import (LATEST, VERSIONS, seed_bits, seed_codec, seed_pixel_bits, seed_pop_known,
                                               seed_push, seed_push_known)
 
@@ -109,11 +110,12 @@ def test_deterministic_golden_bitstream(version):
         from scoreflow_codec.coding.seed_codec import _choose, _layout
 
         ls, _, plans, _, _ = _choose(planes, _layout(32, 40), version)
-        assert [p.diff for p in plans[1:]] == [True, True, False]
+        # version 6's image (_photo_synthetic): red in the blend, blue in the difference mode
+        assert [p.diff for p in plans[1:]] == ([False, True, False] if version >= 6 else [True, True, False])
         if version >= 4:  # blue's difference mode is version 4's: its prediction is not version 3's
             assert not np.array_equal(plans[2].centres, _choose(planes, _layout(32, 40), 3)[2][2].centres)
-        if version >= 6:  # version 6's least-squares features are in these bits
-            assert ls
+        if version >= 6:  # version 6's least-squares features and boost are in these bits
+            assert ls == 2
     words = []
     for _ in range(2):
         m = Message()
@@ -130,7 +132,7 @@ GOLDEN_SHA256 = {
     3: "84899bcc9fc4187e17b9bb7eb019582cf81c38c10816472cd126a30a02fea8a4",
     4: "ab2d17078ae0f4c4c22383a445315745d82a1efbc64aef2aa336c4d378dc2f46",
     5: "1a1ce1c261dc85410677c030b04dc2556edcf1b0e5387fb40ba5432c6511db56",  # version 4's coding + its flag
-    6: "09244587824a58f108f519f89b29dbb2727ddcd83ac4404de689b526aa619ae5",  # _photo_synthetic: least squares on
+    6: "7d72136acb95484352a05fae86169ff2fff5f199f73ee862b88b795489887f97",  # _photo_synthetic: least squares boosted
 }
 
 
@@ -500,7 +502,7 @@ def test_known_pixels_round_trip_and_cost_their_pixel_bits(version, kind, c):
     assert abs(size - bits) < 1e-4 * c * mask.sum() + 8
     pixel = seed_pixel_bits(planes, version)
     assert pixel.shape == (40, 48) and (pixel >= 0).all()
-    flags = (1 if version >= 2 else 0) + c + (c - 1 if version >= 3 else 0)
+    flags = _ls_mode_bits(version) + c + (c - 1 if version >= 3 else 0)
     assert bits <= pixel[mask].sum() + flags + 1e-6
     if kind == "all":
         whole = seed_bits(planes, version) - (1 if version >= 5 else 0)
@@ -567,20 +569,20 @@ def test_shared_analyses_give_the_same_bits_and_analyse_once(version, monkeypatc
     monkeypatch.setattr(sc, "_analyse", lambda *a, **k: runs.append(a[3]) or real(*a, **k))
     with sc.shared_analyses():
         shared = calls()
-        assert runs == ([False, True] if version >= 2 else [False])  # one analysis for the four calls
+        assert runs == list(sc._ls_modes(version))  # one analysis (per least-squares mode) for the four calls
         other = planes.copy()
         other[1, 3, 4] ^= 1
         seed_bits(other, version)
         with sc.shared_analyses():  # a nested scope shares the store
             seed_bits(other, version)
-        assert len(runs) == 2 * (2 if version >= 2 else 1)
+        assert len(runs) == 2 * len(sc._ls_modes(version))
         monkeypatch.setattr(sc, "SHARED_BYTES", 1)
         other[0, 0, 0] ^= 1
         seed_bits(other, version)  # over budget: the older two go, the last stays
         store = sc._SHARED.get()
         assert len(store.items) == 1 and store.bytes == sc._nbytes(next(iter(store.items.values()))[0])
         seed_bits(other, version)
-        assert len(runs) == 3 * (2 if version >= 2 else 1)
+        assert len(runs) == 3 * len(sc._ls_modes(version))
     assert sc._SHARED.get() is None
     for a, b in zip(plain, shared):
         assert np.array_equal(a, b)
@@ -614,7 +616,7 @@ def test_version_6_halving_golden_bitstream(monkeypatch):
     m = Message()
     seed_codec(planes.shape, 6).push(m, planes)
     digest = hashlib.sha256(m.words().astype("<u4").tobytes()).hexdigest()
-    assert digest == "1f40701fead9d3c8ebf9e8edeb196edc94a4e417b03954f15da961505a3963f6", digest
+    assert digest == "a2ab74dcf73876e2050683cecea2eb8b3079a2a301359e6ec4eda94a481c5515", digest
     assert np.array_equal(seed_codec(planes.shape, 6).pop(m), planes) and m.is_empty()
 
 
