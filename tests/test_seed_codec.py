@@ -680,14 +680,15 @@ def test_version_6_halving_round_trip_and_sizes(kind, monkeypatch):
 
 
 def test_version_6_is_smaller_on_photographs_and_no_larger_on_cifar(shared_data):
-    """Version 6 (the least-squares predictor on ten neighbours over a radius-5 window; blend rows
-    halving past 8192 pixels) against version 5, each file decoded: measured (encoder's codelengths)
-    -0.22% on 8 whole Kodak images, -0.04% on the first 100 CIFAR-10 test images."""
+    """Version 6 (the least-squares predictor on ten neighbours over a radius-5 window, a boosted
+    least-squares mode, blend rows halving past 8192 pixels) against version 5, each file decoded:
+    measured -0.44% on 8 whole Kodak images (encoder's codelengths), -0.39% on all 24 (the files,
+    every one smaller), -0.05% on the first 100 CIFAR-10 test images (encoder's codelengths)."""
     crops = [_kodak_crop(shared_data, f"kodim{k:02d}.png") for k in (5, 9, 20)]
     v5 = sum(_roundtrip(p, version=5) for p in crops)
     v6 = sum(_roundtrip(p, version=6) for p in crops)
     print(f"Kodak crops: version 5 {v5} bits, version 6 {v6}")
-    assert v6 < v5, (v5, v6)
+    assert v6 < 0.997 * v5, (v5, v6)  # measured -0.53%
     cifar = [np.ascontiguousarray(np.moveaxis(im, -1, 0))
              for im in np.load(shared_data / "cifar10" / "test.npz")["images"][:24]]
     v5 = sum(seed_bits(p, 5) for p in cifar)

@@ -736,7 +736,7 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
     return out
 
 
-SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: about 130 MB)
+SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: 173 MB in version 6, 126 in 5)
 # shared_analyses(): the analyses of its scope by (version, shape, dtype, digest of the planes); None: no scope
 _SHARED: contextvars.ContextVar["_Store | None"] = contextvars.ContextVar("seed_codec_analyses", default=None)
 
