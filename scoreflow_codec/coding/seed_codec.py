@@ -768,7 +768,8 @@ def _blend_halve(version: int) -> int | None:
 
 def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     """Everything the encoder's choice of modes reads, per least-squares option: the expensive
-    part of every push (about 8 s for both options on a 768x512 image). Taken from the scope's
+    part of every push (on a 768x512 image about 8 s for version 5's two options, 11 - 14 s for
+    version 6's three, one thread). Taken from the scope's
     store where shared_analyses() is active and these planes were analysed already."""
     store = _SHARED.get()
     key = None
@@ -841,11 +842,12 @@ def shared_analyses():
 
 
 def _choose(planes: np.ndarray, lay: _Layout, version: int, coded: np.ndarray | None = None):
-    """(least squares on?, the planes in coding order, a _Plan per plane (None: constant),
-    predicted bits, [n] bits of each pixel over its planes). Version 2 codes the image with and
-    without least squares and keeps the smaller (one flag): it gains on photographs (Kodak -1.4%)
-    and loses on two-level images (sparse dots +85%). Version 3 also codes each channel after the
-    first in the difference mode and keeps the smaller per channel (one flag each).
+    """(the least-squares mode (0 off; truthy: on), the planes in coding order, a _Plan per plane
+    (None: constant), predicted bits, [n] bits of each pixel over its planes). Version 2 codes the
+    image with and without least squares and keeps the smaller (one flag): it gains on photographs
+    (Kodak -1.4%) and loses on two-level images (sparse dots +85%); version 6 also tries it boosted
+    (_ls_modes; one of three). Version 3 also codes each channel after the first in the difference
+    mode and keeps the smaller per channel (one flag each).
     coded (bool [n], seed_push_known): only those pixels are coded; the choices and the predicted
     bits are theirs (the pixel bits are every pixel's)."""
     best = None
