@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from scoreflow_codec.coding.ans import Message, padding_words
-from scoreflow_codec.coding.seed_codec import _ls_mode_bits
-from scoreflow_codec.coding.seed_codec import (LATEST, VERSIONS, seed_bits, seed_codec, seed_pixel_bits, seed_pop_known,
-                                              seed_push, seed_push_known)
+from scoreflow_codec.coding.seed_codec import (LATEST, VERSIONS, _ls_mode_bits, seed_bits, seed_codec, seed_pixel_bits,
+                                              seed_pop_known, seed_push, seed_push_known)
 
 
 def _synthetic(c: int, h: int, w: int) -> np.ndarray:

@@ -152,8 +152,7 @@ from .ans import Codec, Message
 from .distributions import _pop, _push, uniform
 
 _CATEGORICAL = constriction.stream.model.Categorical(perfect=False)
-_FLAG, _BYTE = uniform(2, ()), uniform(256, ())  # a plane's constant flag and value; the least-squares flag
-_LS_MODE = uniform(3, ())  # version 6: the least-squares mode (off, on, boosted)
+_FLAG, _BYTE = uniform(2, ()), uniform(256, ())  # a plane's constant flag and value
 
 N_BINS = 16
 FRAC = 8  # predictions are in units of 1/8 pixel
@@ -756,9 +755,15 @@ def _ls_modes(version: int) -> tuple[int, ...]:
     return (0,) if version == 1 else (0, 1) if version < 6 else (0, 1, 2)
 
 
+def _ls_mode_codec(version: int) -> Codec:
+    """The least-squares mode in the stream (version 2 on): uniform over _ls_modes(version), so a
+    flag in versions 2 - 5 and one of three in version 6."""
+    return uniform(len(_ls_modes(version)), ())
+
+
 def _ls_mode_bits(version: int) -> float:
-    """What the least-squares mode costs in the stream."""
-    return float(np.log2(len(_ls_modes(version)))) if version >= 2 else 0.0
+    """What the least-squares mode costs in the stream (nothing in version 1, which has none)."""
+    return float(np.log2(len(_ls_modes(version))))
 
 
 def _blend_halve(version: int) -> int | None:
@@ -994,17 +999,15 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int
         if plans[c] is None:
             _BYTE.push(m, np.int64(flat[c][0]))
         _FLAG.push(m, np.int64(plans[c] is None))
-    if version >= 6:
-        _LS_MODE.push(m, np.int64(ls))
-    elif version >= 2:
-        _FLAG.push(m, np.int64(ls))
+    if version >= 2:
+        _ls_mode_codec(version).push(m, np.int64(ls))
 
 
 def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarray | None = None,
                coded: np.ndarray | None = None) -> np.ndarray:
     """What _push_plans pushed: [C, n] planes in coding order. With `coded`, only those pixels come
     from the stack; the others are `known` ([C, n] in coding order), which the decoder has."""
-    ls = int(_LS_MODE.pop(m)) if version >= 6 else int(version >= 2 and bool(_FLAG.pop(m)))
+    ls = int(_ls_mode_codec(version).pop(m)) if version >= 2 else 0
     const: list[int | None] = []  # the value of each constant plane, None if coded
     for _ in range(c_):
         const.append(int(_BYTE.pop(m)) if int(_FLAG.pop(m)) else None)
