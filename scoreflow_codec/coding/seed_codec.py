@@ -181,6 +181,7 @@ DIFF_ACT = (3, 11)
 DIFF_GRAD = 3
 _DIFF_G = 2 * DIFF_GRAD + 1
 N_DIFF_CTX = (len(DIFF_ACT) + 1) * _DIFF_G ** 3 * 4 * 3
+assert N_DIFF_CTX < 2 ** 15  # _Plan.compact keeps rows in int16
 DIFF_PRIOR_MASS = 1024  # 16 pixels' worth: the contexts are many, each must learn fast
 DIFF_THETA = (19661, 32768, 45875)  # prior theta * 2**16 per activity level (0.3, 0.5, 0.7)
 # Version 4's difference mode codes each pixel with the counts of its row above (a lighter prior,
@@ -221,11 +222,12 @@ def _layout(h: int, w: int) -> "_Layout":
 
 
 class _Layout:
-    """Per image size: causal neighbour indices and the wavefronts. Index h*w is 'no pixel'."""
+    """Per image size: causal neighbour indices and the wavefronts. Index h*w is 'no pixel'.
+    Indices are int32 (images have fewer than 2**31 pixels): half the memory of int64."""
 
     def __init__(self, h: int, w: int):
         self.h, self.w, self.n = h, w, h * w
-        y, x = np.mgrid[0:h, 0:w]
+        y, x = np.indices((h, w), dtype=np.int32)
         at = lambda yy, xx: yy * w + xx
         none = self.n
         # Missing neighbours fall back to the nearest causal one, so edges predict sensibly.
@@ -238,7 +240,7 @@ class _Layout:
         nn = np.where(y > 1, at(y - 2, x), n_)
         self.nbr = np.stack([n_, w_, nw, ne, ww, nn]).reshape(6, -1)  # N, W, NW, NE, WW, NN
         t = (x + 2 * y).ravel()
-        order = np.argsort(t, kind="stable")
+        order = np.argsort(t, kind="stable").astype(np.int32)
         self.steps = np.split(order, np.cumsum(np.bincount(t))[:-1])
 
 
@@ -343,7 +345,8 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     dy, dx = window[None, :, 0], window[None, :, 1]
     ok = (y[:, None] + dy >= 0) & (x[:, None] + dx >= 0) & (x[:, None] + dx < w_)   # [n, K]
     j = np.where(ok, idx[:, None] + dy * w_ + dx, 0)  # masked next
-    f = st.feat[c][j] * ok[..., None].astype(np.float32)                               # [n, K, d]
+    f = st.feat[c][j].astype(np.float32)
+    f *= ok[..., None]                                                                  # [n, K, d]
     t = (st.x[c][j] * ok).astype(np.float32)                                           # [n, K]
     ft = f.transpose(0, 2, 1)
     a = np.matmul(ft, f).astype(np.float64)
@@ -417,13 +420,16 @@ class _State:
         option on the same planes: they depend on the pixels only)."""
         self.lay, self.version, self.ls, self.ls_known = layout, version, ls, ls_known
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
-        # int32 halves the memory traffic of the neighbour gathers; errors stay below 2**15.
+        # Small integer types (a quarter of the memory, and of the neighbour gathers' traffic): a
+        # sub-prediction lies in -6120 .. 8160 (1/8 pixel; own ones in -2040 .. 4080), so an error
+        # |8 x - p| is at most 8160 and the blend's sum of six at most 48960 < 2**16.
         k_ = 8 if ls else 7  # version 2 may add the local least-squares predictor
-        self.err_sub = [np.zeros((layout.n + 1, k_ * (k + 1)), dtype=np.int32) for k in range(c)]
+        self.err_sub = [np.zeros((layout.n + 1, k_ * (k + 1)), dtype=np.uint16) for k in range(c)]
         self.err = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
-        self.own = [np.zeros((layout.n + 1, k_), dtype=np.int64) for _ in range(c)]
-        # version 2: each pixel's least-squares features, for the pixels that train on it
-        self.feat = [np.zeros((layout.n + 1, _ls_dims(k, version)), dtype=np.float32) for k in range(c)] if ls and ls_known is None else None
+        self.own = [np.zeros((layout.n + 1, k_), dtype=np.int16) for _ in range(c)]
+        # version 2: each pixel's least-squares features (pixel values and 1: uint8), for the pixels
+        # that train on it
+        self.feat = [np.zeros((layout.n + 1, _ls_dims(k, version)), dtype=np.uint8) for k in range(c)] if ls and ls_known is None else None
         self.pred = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         # version 3: the difference mode's residual x - prediction (channels after the first)
         self.dres = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)] if version >= 3 else None
@@ -647,7 +653,7 @@ def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_
         pred = np.empty(n, dtype=np.int64)
         subs = []
         for idx in chunks:
-            subs.append(st.inputs(c, idx))
+            subs.append(st.inputs(c, idx).astype(np.int16))  # -6120 .. 8160 (_State)
             st.err_sub[c][idx] = np.abs(FRAC * flat[c][idx, None] - subs[-1])
         for idx, p in zip(chunks, subs):  # every error is in: blend with the neighbours' errors
             pred[idx] = st.blend(c, idx, p)
@@ -693,6 +699,14 @@ class _Plan(NamedTuple):
     def counts(self) -> _Counts:
         return _Counts(self.prior, self.cprior, self.halve)
 
+    @classmethod
+    def compact(cls, rows, centres, signs, prior, diff=False, coarse=None, cprior=None, halve=None) -> "_Plan":
+        """A plan in small integer types (an encoder keeps one per plane and option): rows below
+        2**15 (N_DIFF_CTX at most), centres 0 .. 255, signs +-1. Numpy widens them wherever they
+        meet the int64 pixels and counts, so the bits are those of int64 plans."""
+        return cls(rows.astype(np.int16), centres.astype(np.int16), signs.astype(np.int8), prior, diff,
+                   None if coarse is None else coarse.astype(np.int16), cprior, halve)
+
 
 def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan) -> np.ndarray:
     """[n] bits of each pixel of one histogram-coded plane (float64 model of what the coder pushes).
@@ -730,12 +744,12 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
         p, d = centres[c]
         rows = _diff_context(st, c, every, d)
         prior, cprior = _diff_priors(st.version)
-        plan = _Plan(rows, p, np.ones_like(p), prior, True, None if cprior is None else _diff_coarse(rows, d), cprior)
+        plan = _Plan.compact(rows, p, np.ones_like(p), prior, True, None if cprior is None else _diff_coarse(rows, d), cprior)
         out.append((_plane_pixel_bits(lay, flat[c], plan), plan))
     return out
 
 
-SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: 173 MB in version 6, 126 in 5)
+SHARED_BYTES = 1 << 29  # what shared_analyses() keeps at most (a 768x512 image: 86 MB in version 6, 61 in 5)
 # shared_analyses(): the analyses of its scope by (version, shape, dtype, digest of the planes); None: no scope
 _SHARED: contextvars.ContextVar["_Store | None"] = contextvars.ContextVar("seed_codec_analyses", default=None)
 
@@ -793,11 +807,12 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
             if (flat[c] == flat[c][0]).all():
                 per.append(None)
                 continue
-            plan = _Plan(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
+            plan = _Plan.compact(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
             if version >= 3 and c > 0 and diff is None:  # it does not depend on the least-squares flag
                 diff = _diff_plans(st, lay, flat)
             per.append(((_plane_pixel_bits(lay, flat[c], plan), plan), diff[c] if version >= 3 and c > 0 else None))
-        out.append(_Option(ls, flat, per))
+        out.append(_Option(ls, out[0].flat if out else flat, per))  # the same planes: one copy
+        del st, bins, centres, signs  # the next option's state is built without this one beside it
     if store is not None:
         store.put(key, out)
     return out
