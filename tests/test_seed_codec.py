@@ -587,6 +587,28 @@ def test_shared_analyses_give_the_same_bits_and_analyse_once(version, monkeypatc
         assert np.array_equal(a, b)
 
 
+def test_an_analysis_keeps_small_types_and_one_copy_of_the_planes():
+    """What shared_analyses() keeps of an RGB image in version 6 (0.9.18): per pixel, for each of the
+    three least-squares options and three planes the bits (float64) and a plan of int16 rows and
+    centres and int8 signs, the difference mode's two plans once with their int16 coarse rows, and one
+    int64 copy of the planes for every option: 3 x 3 x 13 + 2 x 15 + 24 = 171 bytes (0.9.17: 440,
+    int64 plans and a copy per option). _nbytes counts each array once; int64 plans would be 392."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = np.ascontiguousarray(_photo_synthetic(40, 48)[:3])  # RGB
+    lay = sc._layout(40, 48)
+    options = sc._analysis(planes, lay, 6)
+    assert [o.ls for o in options] == [0, 1, 2]
+    assert all(o.flat is options[0].flat for o in options)
+    for o in options:
+        for c, entry in enumerate(o.planes):
+            for bits, plan in [e for e in entry if e is not None]:
+                assert bits.dtype == np.float64 and len(bits) == lay.n
+                assert (plan.rows.dtype, plan.centres.dtype, plan.signs.dtype) == (np.int16, np.int16, np.int8)
+                assert plan.coarse is None or plan.coarse.dtype == np.int16
+    assert sc._nbytes(options) == 171 * lay.n
+
+
 def _count_halvings(monkeypatch) -> list:
     """Spy on the seed codec's version 6 halving: the list gets the number of rows of each halving."""
     from scoreflow_codec.coding import seed_codec as sc
