@@ -1,12 +1,15 @@
 """Compress + decompress one large photo-like image (default 4000x3000): wall time and peak RSS.
 
-    python bench/large_image.py                                  # 4000x3000 from Kodak, chain mode
+    python bench/large_image.py                                  # 4000x3000 from Kodak, as `sfcodec compress`
     python bench/large_image.py --size 512x384 --threads 1       # a quick check
-    python bench/large_image.py --image photo.png --model my.safetensors --mode ode
+    python bench/large_image.py --image photo.png --model my.safetensors --mode ode --fallback off
 
 The image is a Kodak photo resized (bicubic) to --size, or --image as given (cropped/resized to
---size when given). Prints one JSON line: sizes, bits/dim, encode/decode seconds, peak RSS (MiB,
-resource.getrusage: the high-water mark of the whole process), and whether the pixels matched.
+--size when given). The defaults are `sfcodec compress`'s: --model auto (the photo model above
+64x64), chain mode, --fallback auto (the seed codec's file, and the model's stream where its
+estimate promises a smaller one). Prints one JSON line: sizes, bits/dim, which coder made the file,
+encode/decode seconds, peak RSS (MiB, resource.getrusage: the high-water mark of the whole process),
+and whether the pixels matched.
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--image", type=Path, default=None, help="input image (default: Kodak kodim01)")
     ap.add_argument("--size", default="4000x3000", help="WxH to resize (or crop, with --crop) to")
     ap.add_argument("--crop", action="store_true", help="crop the top-left WxH instead of resizing")
-    ap.add_argument("--model", default="cifar10", help="shipped model name or exported .safetensors")
+    ap.add_argument("--model", default="auto", help="auto (by size, as sfcodec), a shipped model's name or an exported .safetensors")
+    ap.add_argument("--fallback", default="auto", choices=["auto", "both", "off", "seed"], help="as sfcodec compress --fallback")
     ap.add_argument("--mode", default="chain", choices=["chain", "ode"])
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -70,14 +74,16 @@ def main(argv=None) -> int:
     w, h = (int(v) for v in args.size.lower().split("x"))
     arr = _load(args.image, (w, h), args.crop)
     src = images.from_array(arr)
-    model = zoo.load_model(args.model, device=args.device)
+    name = zoo.auto_model_name([(w, h)]) if args.model == "auto" else args.model
+    model = zoo.load_model(name, device=args.device)
     settings = {"steps": args.steps} if args.steps else None
     rss_start = _peak_rss_mib()
 
     total = api.compress_work_units([src], model, args.mode, settings)
     with tqdm(total=total, desc="encode", unit="tile-step", file=sys.stderr, disable=args.no_progress) as bar:
         t0 = time.perf_counter()
-        data, rep = api.compress([src], model, args.mode, settings, device=args.device, progress=bar.update)
+        data, rep = api.compress([src], model, args.mode, settings, device=args.device, progress=bar.update,
+                                 fallback=args.fallback)
         enc_s = time.perf_counter() - t0
     rss_enc = _peak_rss_mib()
     header = api.read_header(data)
@@ -91,6 +97,7 @@ def main(argv=None) -> int:
         "bench": "large_image", "width": w, "height": h, "mode": args.mode, "model": model.name,
         "steps": header["settings"].get("steps", api.FORMAT_DEFAULTS[args.mode]["steps"]),
         "threads": torch.get_num_threads(), "device": args.device, "tiles": header["fields"]["n_tiles"],
+        "fallback": args.fallback, "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
         "file_bytes": len(data), "bpd": round(rep.bpd, 4), "encode_s": round(enc_s, 2), "decode_s": round(dec_s, 2),
         "peak_rss_mib_after_load": round(rss_start, 1), "peak_rss_mib_encode": round(rss_enc, 1),
         "peak_rss_mib": round(_peak_rss_mib(), 1), "identical": identical,

@@ -297,6 +297,25 @@ def test_tile_gap(tmp_path, capsys):
     assert "not a plain RGB image" in capsys.readouterr().err
 
 
+def test_large_image_bench_follows_the_cli_defaults(tmp_path, capsys):
+    """bench/large_image.py: an image through compress and decompress as `sfcodec compress` codes it
+    (--model auto: the photo model above 64x64; --fallback auto), one JSON line with which coder made
+    the file, its size against both coders' and the peak memory; --fallback off writes the model's
+    stream (no seed codec file). (Its default is a 4000x3000 image; here 80x72 from a synthetic one.)"""
+    from bench.large_image import main as large_image
+
+    Image.fromarray(_image(3, 72, 80)).save(tmp_path / "a.png")
+    assert large_image(["--image", str(tmp_path / "a.png"), "--size", "80x72", "--threads", "1", "--no-progress"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (r["model"], r["fallback"], r["identical"], r["width"], r["height"]) == ("photo", "auto", True, 80, 72)
+    assert r["file_bytes"] == min(b for b in (r["seed_bytes"], r["model_bytes"]) if b is not None)
+    assert r["coded_by"] in ("seed", "model") and r["peak_rss_mib"] >= r["peak_rss_mib_encode"] > 0
+    assert large_image(["--image", str(tmp_path / "a.png"), "--size", "80x72", "--threads", "1", "--no-progress",
+                        "--model", "cifar10", "--fallback", "off", "--steps", "4"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (r["model"], r["seed_bytes"], r["model_bytes"], r["identical"]) == ("cifar10", None, r["file_bytes"], True)
+
+
 def test_exact_forward(tmp_path, capsys):
     """bench/exact_forward.py: every 3x3 convolution of the model's exact forward timed both ways
     (the two results checked identical inside), the forward's parts adding up to its time, and
