@@ -69,6 +69,30 @@ def test_the_seed_codec_alone_takes_over_where_it_is_smaller(model):
     assert abs(rep.payload_bits - rep.predicted_bits) <= 32 * 4
 
 
+@pytest.mark.parametrize("make", [_in_distribution, _gradient], ids=["model-wins", "seed-wins"])
+def test_fallback_seed_writes_the_seed_codec_s_file_without_running_the_model(model, make, monkeypatch):
+    """fallback="seed": the seed codec's file that "both" compares against, byte for byte, even where
+    the model's stream would be smaller; the model is never run (its estimate and its stream raise)."""
+    src = [images.from_array(make(model) if make is _in_distribution else make())]
+    _, both = api.compress(src, model, "ode", SETTINGS, fallback="both")
+
+    def no_model(*a, **k):
+        raise AssertionError("the model ran")
+
+    for name in ("tile_model_bits", "estimate_model_bpd"):
+        monkeypatch.setattr(api, name, no_model)
+    monkeypatch.setattr(api.stream.TileBatchCodec, "push", no_model)
+    ticks = []
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="seed", progress=ticks.append)
+    assert len(data) == rep.file_bytes == both.seed_bytes and rep.model_bytes is None
+    assert rep.coded_by == "seed" and rep.model_skipped == "seed only"
+    assert sum(ticks) == api.compress_work_units(src, model, "ode", SETTINGS)  # the bar completes
+    assert not api.needs_model(api.read_header(data))
+    assert np.array_equal(api.decompress(data, None)[0].color, src[0].color)
+    with pytest.raises(api.SfcError, match="expected off, auto, both or seed"):
+        api.compress(src, model, "ode", SETTINGS, fallback="model")
+
+
 def test_a_seed_only_file_names_no_model_and_decodes_without_one(model):
     """The seed codec's file carries neither the model nor the setup (0.6.0): on one 32x32 image
     that is about 85 of its header's bytes. It decodes with no model; a file the model coded does not."""
@@ -271,7 +295,7 @@ def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatc
     Image.fromarray(_gradient(96, 128)).save(png)
     runner = CliRunner()
     files = {}
-    for flag in ("", "--fallback=both", "--no-fallback"):
+    for flag in ("", "--fallback=both", "--no-fallback", "--fallback=seed"):
         out = tmp_path / f"ramp{flag}.sfc"
         r = runner.invoke(cli_main.cli, ["compress", str(png), "-o", str(out), "--steps", "32", "--mode", "ode"]
                           + ([flag] if flag else []))
@@ -279,6 +303,7 @@ def test_cli_falls_back_by_default_and_not_with_no_fallback(tmp_path, monkeypatc
         files[flag] = out.read_bytes()
         assert ("the model's stream was not coded" in r.output) == (flag == ""), r.output
         assert ("smaller than the model's stream" in r.output) == (flag == "--fallback=both"), r.output
+    assert ("seed codec alone (--fallback seed)" in r.output) and files["--fallback=seed"] == files[""]
     assert files[""] == files["--fallback=both"]
     # the model's stream puts a ramp in 32px seed tiles (the seed bits of one tile cannot pay for a
     # model batch); the fallback codes it as one 128px tile, which is smaller
