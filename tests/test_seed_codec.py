@@ -609,6 +609,23 @@ def test_an_analysis_keeps_small_types_and_one_copy_of_the_planes():
     assert sc._nbytes(options) == 171 * lay.n
 
 
+@pytest.mark.parametrize("version,digest,n_bits", [(2, "1cec2cf6e4a4c36e", 46046), (4, "ba2cc2e340e1868b", 30485),
+                                                    (6, "134c5e4bb83c7ffe", 30485)])
+def test_extreme_pixels_keep_0_9_17_s_bits(version, digest, n_bits):
+    """Pixels of 0 and 255 at random drive the sub-predictions and their errors to the ends of their
+    ranges (W + N - NW = 510, transfers down to -6120 / 8160 in 1/8 pixel), which the small integer
+    types of 0.9.18's state (uint16 errors, int16 sub-predictions) must hold exactly: the words are
+    0.9.17's (int32 / int64), pinned here. seed_push_known: no LZMA mode, the predictive path."""
+    import hashlib
+
+    rng = np.random.default_rng(1)
+    planes = (rng.integers(0, 2, (3, 40, 56)) * 255).astype(np.uint8)
+    planes[1, ::2] = 255 - planes[1, ::2]
+    m = Message()
+    seed_push_known(m, planes, np.ones((40, 56), bool), version)
+    assert (hashlib.sha256(m.words().tobytes()).hexdigest()[:16], m.num_bits()) == (digest, n_bits)
+
+
 def _count_halvings(monkeypatch) -> list:
     """Spy on the seed codec's version 6 halving: the list gets the number of rows of each halving."""
     from scoreflow_codec.coding import seed_codec as sc

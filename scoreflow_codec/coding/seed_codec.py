@@ -420,9 +420,9 @@ class _State:
         option on the same planes: they depend on the pixels only)."""
         self.lay, self.version, self.ls, self.ls_known = layout, version, ls, ls_known
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
-        # Small integer types (a quarter of the memory, and of the neighbour gathers' traffic): a
-        # sub-prediction lies in -6120 .. 8160 (1/8 pixel; own ones in -2040 .. 4080), so an error
-        # |8 x - p| is at most 8160 and the blend's sum of six at most 48960 < 2**16.
+        # The smallest exact types (memory, and the neighbour gathers' traffic): a sub-prediction
+        # lies in -6120 .. 8160 (1/8 pixel; own ones in -2040 .. 4080: int16), so an error |8 x - p|
+        # is at most 8160 and the blend's sum of six at most 48960 < 2**16 (uint16).
         k_ = 8 if ls else 7  # version 2 may add the local least-squares predictor
         self.err_sub = [np.zeros((layout.n + 1, k_ * (k + 1)), dtype=np.uint16) for k in range(c)]
         self.err = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
