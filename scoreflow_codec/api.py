@@ -475,9 +475,15 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
 def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu",
                     excess_bpd: float = 0.0, seed_bits: np.ndarray | None = None) -> np.ndarray:
     """Per tile of the stream (stream.T.plan_tiles order), the bits the model's stream is expected to
-    take for its colour values: (bound + excess_bpd) x its dims, the bound per dim with the float32
-    network (stratified time samples: CHOICE_N_T, fewer for many tiles; the tile edge-padded as
-    evaluate_images pads it).
+    take for its colour values: (bound + excess_bpd) x the whole tile's dims (3 tile^2), the bound per
+    dim of the tile edge-padded as evaluate_images pads it, with the float32 network (stratified time
+    samples: CHOICE_N_T, fewer for many tiles). An edge tile's padding counts in full (0.9.18): the
+    stream codes the whole tile, its padding latent (popped around the edge replication, given back),
+    and that costs about what the padded bound charges it. Scaled to the image's pixels alone (0.9.17)
+    the estimate of an edge tile came out far too low: a 1600x1064 photograph's 24 bottom-edge tiles
+    (40 of 64 rows) were to cost 287,267 bits and took 489,336 in the stream (their chain's bound over
+    the whole padded tiles: 478,555), so the model's stream was coded, 15,452 bytes above the seed
+    codec's file, in 8 minutes lost.
     With seed_bits (the seed codec's bits per tile) and a first estimate of fewer than
     CHOICE_REFINE_N_T time samples (many tiles: a photograph), a second estimate of the tiles the
     first puts below the seed codec or within CHOICE_REFINE_BPD of it, from CHOICE_REFINE_N_T other
@@ -500,7 +506,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     refs = stream.T.plan_tiles([s.color.shape if s.color is not None else (0, 0, 0) for s in sources], tile)
     out = np.full(len(refs), np.nan)
     rgb = [i for i, r in enumerate(refs) if sources[r.image].color.shape[0] == 3]
-    dims = np.array([3 * r.h * r.w for r in refs])
+    dims = np.full(len(refs), 3 * tile * tile)  # every tile is coded whole, padding included
     step = tiles_like(64, tile)
     n32 = len(rgb) * tile * tile / (32 * 32)
 

@@ -253,6 +253,25 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
     assert nets == [("Bf16" if fast else "GaussianScoreModel", 16), ("GaussianScoreModel", 64)]
 
 
+def test_tile_model_bits_counts_an_edge_tile_whole(model, monkeypatch):
+    """An edge tile's estimate is the padded tile's bound per dim times the whole tile's dims: the
+    stream codes the whole tile (its padding latent), and on a 1600x1064 photograph's bottom-edge
+    tiles the bound scaled to the image's pixels alone came out 40% below what the stream paid. With
+    a stand-in bound of a constant, every tile, whole or cut by the image's edges, is estimated at
+    (bound + excess) x 3 x 32 x 32; the seed codec's bits of a tile stay its own pixels'."""
+    from scoreflow_codec import likelihood
+
+    monkeypatch.setattr(likelihood, "bound_terms", lambda m, x, deq, n_t, generator, **kw:
+                        {"bpd_with": torch.full((len(x),), 2.0, dtype=torch.float64)})
+    src = [images.from_array(_gradient(40, 72))]  # 32px tiles: 2 x 3, the last row 8 high, the last column 8 wide
+    refs = api.stream.T.plan_tiles([src[0].color.shape], 32)
+    assert sorted({(r.h, r.w) for r in refs}) == [(8, 8), (8, 32), (32, 8), (32, 32)]
+    bits = api.tile_model_bits(src, model, 32, excess_bpd=0.5)
+    assert np.allclose(bits, 2.5 * 3 * 32 * 32)
+    seed = api.stream.tile_seed_bits([api.stream.StreamImage(src[0].color, None)], refs, api.default_stream_settings(model, 32))
+    assert seed[-1] < seed[0] / 4  # an 8x8 corner: its own 192 values
+
+
 def test_auto_codes_both_where_it_cannot_estimate(model):
     """A grey image has no RGB planes to take the bound of: "auto" codes both, like "both"."""
     srcs = [images.from_array(_gradient()[..., 0])]
