@@ -482,8 +482,8 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     and that costs about what the padded bound charges it. Scaled to the image's pixels alone (0.9.17)
     the estimate of an edge tile came out far too low: a 1600x1064 photograph's 24 bottom-edge tiles
     (40 of 64 rows) were to cost 287,267 bits and took 489,336 in the stream (their chain's bound over
-    the whole padded tiles: 478,555), so the model's stream was coded, 15,452 bytes above the seed
-    codec's file, in 8 minutes lost.
+    the whole padded tiles: 478,555), so the model's stream was coded (about 100 s) and came out
+    15,452 bytes above the seed codec's file.
     With seed_bits (the seed codec's bits per tile) and a first estimate of fewer than
     CHOICE_REFINE_N_T time samples (many tiles: a photograph), a second estimate of the tiles the
     first puts below the seed codec or within CHOICE_REFINE_BPD of it, from CHOICE_REFINE_N_T other
