@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import datasets  # noqa: E402
 from bench.report import machine_info  # noqa: E402
+from bench.scoreflow_runner import resolve_model  # noqa: E402
 
 
 def palette_versions(rgb: Image.Image, colors: int) -> Image.Image:
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     models = {}
     for name, versions in items:
         for kind, img in versions:
-            spec = zoo.auto_model_name([img.size]) if args.model == "auto" else args.model
+            spec = resolve_model(args.model, [img.size])
             if spec not in models:
                 models[spec] = zoo.load_model(spec)
             row = {"image": name, "kind": kind, **measure(img, models[spec])}

@@ -69,13 +69,13 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from tqdm import tqdm
 
-    from scoreflow_codec import api, images, zoo
+    from bench import scoreflow_runner
+    from scoreflow_codec import api, images
 
     w, h = (int(v) for v in args.size.lower().split("x"))
     arr = _load(args.image, (w, h), args.crop)
     src = images.from_array(arr)
-    name = zoo.auto_model_name([(w, h)]) if args.model == "auto" else args.model
-    model = zoo.load_model(name, device=args.device)
+    model = scoreflow_runner.load_model(args.model, args.device, [(w, h)])  # "auto": as sfcodec picks
     settings = {"steps": args.steps} if args.steps else None
     rss_start = _peak_rss_mib()
 
