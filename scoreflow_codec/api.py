@@ -506,7 +506,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     refs = stream.T.plan_tiles([s.color.shape if s.color is not None else (0, 0, 0) for s in sources], tile)
     out = np.full(len(refs), np.nan)
     rgb = [i for i, r in enumerate(refs) if sources[r.image].color.shape[0] == 3]
-    dims = np.full(len(refs), 3 * tile * tile)  # every tile is coded whole, padding included
+    dims = 3 * tile * tile  # every tile is coded whole, padding included
     step = tiles_like(64, tile)
     n32 = len(rgb) * tile * tile / (32 * 32)
 
@@ -516,7 +516,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
             part = idx[s:s + step]
             xb = torch.from_numpy(padded_tiles(sources, refs, part, tile)).to(device)
             bpd = likelihood.bound_bpd(net, xb, model.dequantizer, n_t=n_t, generator=gen).double().cpu().numpy()
-            out[part] = (bpd + excess_bpd) * dims[part]
+            out[part] = (bpd + excess_bpd) * dims
 
     n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
     refine = seed_bits is not None and n_t < CHOICE_REFINE_N_T
@@ -524,7 +524,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     estimate(rgb, n_t, 0, models.Bf16(model.model) if fast else model.model)
     if refine:
         margin = CHOICE_REFINE_BPD + (CHOICE_BF16_BPD if fast else 0.0)
-        near = [i for i in rgb if out[i] < seed_bits[i] + margin * dims[i]]
+        near = [i for i in rgb if out[i] < seed_bits[i] + margin * dims]
         estimate(near, CHOICE_REFINE_N_T, 1, model.model)
     return out
 
