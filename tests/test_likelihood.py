@@ -288,3 +288,30 @@ def test_drawn_dequantization_gives_the_bound_and_the_ode_the_same_y():
     assert (nll - ref).abs().max() < 1e-3
     with pytest.raises(ValueError, match="drawn for shape"):
         deq.sample(x[:2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_systematic_bound_is_unbiased_with_less_spread(kind):
+    """With systematic=True the n_t times come from one shift per image (losses.systematic_uniform):
+    on the 192-dim Gaussian with a wrong score the diffusion term still matches the closed form,
+    with no more spread than one time per stratum jittered on its own (here the noise z of each time
+    dominates: measured 0.95x / 0.96x / 0.82x the std for vp / subvp / ve, n_t = 16; the unfolded
+    shifted grid 0.96x / 0.97x / 1.24x, ve's integrand ending far from where it starts), and no
+    standard error is claimed (NaN)."""
+    sde, mu, s, exact, gen = gaussian(kind, (3, 8, 8))
+    model = ScaledModel(exact, 0.8)
+    x = pixels.from_model(mu + s * torch.randn((1, 3, 8, 8), generator=gen, dtype=F64)).floor().clamp(0, 255).to(torch.uint8)
+    u = torch.rand((1, 3, 8, 8), generator=gen, dtype=F64)
+    y = pixels.to_model(x, u)
+    reps, n_t = 400, 16
+    xs = x.expand((reps,) + x.shape[1:])
+    sys_terms = bound_terms(model, xs, FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11), systematic=True)
+    strat = bound_terms(model, xs, FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11))["diffusion"]
+    ref = expected_bound(sde, mu, s, y, 0.8)["diffusion"].item()
+    est = sys_terms["diffusion"]
+    assert abs(est.mean().item() - ref) < 4 * est.std().item() / math.sqrt(reps)
+    assert est.std() < 0.98 * strat.std()
+    assert torch.isnan(sys_terms["diffusion_se"]).all()
+    b = bound_bpd(model, xs[:3], FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11), systematic=True)
+    again = bound_terms(model, xs[:3], FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11), systematic=True)
+    torch.testing.assert_close(b, again["bpd_with"])
