@@ -424,17 +424,24 @@ FALLBACK_N_T = 16          # time samples per tile of the bound that decides fal
 FALLBACK_MARGIN_BPD = 0.05  # the model's stream is coded unless its bound is this far above the seed file
 FALLBACK_Z = 4.0            # the estimate stops once this many standard errors from the threshold
 # time samples per tile of the bound that chooses the seed tiles (tile_model_bits): the choice ranks
-# single tiles, so it wants each tile's bound to about 0.1 bits/dim (64 samples at 32x32; with 16,
-# the first 32 CIFAR-10 test images' chosen seed tiles cost 3,449 bits more than the model would,
-# with 64 1,100, the least possible); the samples fall as 1 / tiles (as 32x32 tiles) beyond
-# CHOICE_TILES, to CHOICE_N_T_MIN, so that the estimate stays a small part of the encode
+# single tiles, so it wants each tile's bound to a few hundredths of a bit/dim (with 16 independently
+# stratified samples at 32x32, 0.9.13's, the first 32 CIFAR-10 test images' chosen seed tiles cost
+# 3,449 bits more than the model would, with 64 1,100, the least possible); the samples fall as
+# 1 / tiles (as 32x32 tiles) beyond CHOICE_TILES, to CHOICE_N_T_MIN, so that the estimate stays a
+# small part of the encode. Since 0.9.19 the times lie on a shifted grid (bound_bpd(systematic=True)):
+# on Kodak's 64px tiles (photo model) a tile's bound to 0.051 bits/dim from 16 samples (independent
+# strata: 0.186), 0.040 from 32, 0.027 from 64; from 8 to 0.20 (too few grid points for the
+# integrand's peak), hence the floor of 16
 CHOICE_N_T, CHOICE_N_T_MIN, CHOICE_TILES = 64, 16, 64
 # the second estimate (tile_model_bits with seed bits): the tiles within this many bits/dim of the
-# seed codec or below it, from this many other time samples
-CHOICE_REFINE_BPD, CHOICE_REFINE_N_T = 0.1, 64
+# seed codec or below it, from this many other time samples (0.9.18: 64 independently stratified
+# ones, about 0.09 bits/dim; 32 on the grid: 0.040 in half the time)
+CHOICE_REFINE_BPD, CHOICE_REFINE_N_T = 0.1, 32
 # where the first estimate runs in bfloat16 (models.bf16_is_fast: 36 s against 58 s for kodim14's
 # 96 tiles, one thread), the tiles within this much more are refined too: bf16's bound lies 0.004 -
-# 0.070 bits/dim above float32's there (median 0.016, 95% below 0.056)
+# 0.070 bits/dim above float32's there (median 0.016, 95% below 0.056; on the grid, 16 samples,
+# against float32's from 64: 0.016 - 0.027 above on average on four Kodak images, spread 0.058, and
+# no tile that the 64 put below the seed codec's share or within 0.05 of it was left out)
 CHOICE_BF16_BPD = 0.05
 
 
@@ -445,7 +452,7 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     palettes go partly through the seed codec in the model's stream too).
 
     Per tile (edge tiles padded as evaluate_images pads them; each image weighs its dims, spread over
-    its tiles), FALLBACK_N_T stratified time samples. With a threshold, tiles are taken in a random
+    its tiles), FALLBACK_N_T time samples on a shifted grid (systematic). With a threshold, tiles are taken in a random
     order (fixed seed: the same decision every run) and the estimate stops once it lies FALLBACK_Z
     standard errors above or below it (estimate.sequential_mean); without one, every tile counts."""
     import torch
@@ -465,7 +472,8 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
 
     def evaluate(idx: np.ndarray) -> np.ndarray:
         xb = torch.from_numpy(tiles_at(idx)).to(device)
-        return likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=FALLBACK_N_T, generator=gen).double().cpu().numpy()
+        return likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=FALLBACK_N_T, generator=gen,
+                                   systematic=True).double().cpu().numpy()
 
     activity = np.concatenate([tile_activity(tiles_at(range(s, min(s + 64, len(refs))))) for s in range(0, len(refs), 64)])
     return sequential_mean(evaluate, weights, tiles_like(64, tile), threshold, FALLBACK_Z, np.random.default_rng(0),
@@ -476,8 +484,8 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
                     excess_bpd: float = 0.0, seed_bits: np.ndarray | None = None) -> np.ndarray:
     """Per tile of the stream (stream.T.plan_tiles order), the bits the model's stream is expected to
     take for its colour values: (bound + excess_bpd) x the whole tile's dims (3 tile^2), the bound per
-    dim of the tile edge-padded as evaluate_images pads it, with the float32 network (stratified time
-    samples: CHOICE_N_T, fewer for many tiles). An edge tile's padding counts in full (0.9.18): the
+    dim of the tile edge-padded as evaluate_images pads it, with the float32 network (time samples on
+    a shifted grid per tile, losses.systematic_uniform: CHOICE_N_T, fewer for many tiles). An edge tile's padding counts in full (0.9.18): the
     stream codes the whole tile, its padding latent (popped around the edge replication, given back),
     and that costs about what the padded bound charges it. Scaled to the image's pixels alone (0.9.17)
     the estimate of an edge tile came out far too low: a 1600x1064 photograph's 24 bottom-edge tiles
@@ -515,7 +523,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
         for s in range(0, len(idx), step):
             part = idx[s:s + step]
             xb = torch.from_numpy(padded_tiles(sources, refs, part, tile)).to(device)
-            bpd = likelihood.bound_bpd(net, xb, model.dequantizer, n_t=n_t, generator=gen).double().cpu().numpy()
+            bpd = likelihood.bound_bpd(net, xb, model.dequantizer, n_t=n_t, generator=gen, systematic=True).double().cpu().numpy()
             out[part] = (bpd + excess_bpd) * dims
 
     n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))

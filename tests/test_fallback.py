@@ -205,10 +205,15 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
     the dims-weighted mean over the images of the mean over each image's edge-padded tiles, as
     evaluate_images pads them."""
     from scoreflow_codec import likelihood
-    monkeypatch.setattr(likelihood, "bound_terms",
-                        lambda m, x, deq, n_t, generator, **kw: {"bpd_with": x.double().mean((1, 2, 3))})
+    seen = set()
+
+    def bound(m, x, deq, n_t, generator, **kw):
+        seen.add(kw.get("systematic"))
+        return {"bpd_with": x.double().mean((1, 2, 3))}
+    monkeypatch.setattr(likelihood, "bound_terms", bound)
     arrs = [_gradient(40, 72), _gradient(100, 33), (np.arange(105) % 256).reshape(7, 5, 3).astype(np.uint8)]
     e = api.estimate_model_bpd([images.from_array(a) for a in arrs], model, 32)
+    assert seen == {True}  # times on a shifted grid (losses.systematic_uniform)
     per_image = [api.image_tiles(a, 32).astype(np.float64).mean() for a in arrs]
     assert e.complete and e.se == 0.0 and e.total == 6 + 8 + 1
     assert e.mean == pytest.approx(np.average(per_image, weights=[a.size for a in arrs]), rel=1e-12)
@@ -228,6 +233,7 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
 
     def bound(m, x, deq, n_t, generator, **kw):
         nets.append((type(m).__name__, n_t))
+        assert kw.get("systematic") is True  # the choice's estimates take their times on a shifted grid
         return {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()}
     monkeypatch.setattr(likelihood, "bound_terms", bound)
     monkeypatch.setattr(models, "bf16_is_fast", lambda dev: fast)
@@ -250,7 +256,7 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
     near = np.array([False, True, True, False, True, fast])
     assert np.allclose(again[:6][near], first[:6][near] + dims[:6][near]) and np.array_equal(again[:6][~near], first[:6][~near])
     assert np.isnan(again[6:]).all()
-    assert nets == [("Bf16" if fast else "GaussianScoreModel", 16), ("GaussianScoreModel", 64)]
+    assert nets == [("Bf16" if fast else "GaussianScoreModel", 16), ("GaussianScoreModel", 32)]
 
 
 def test_tile_model_bits_counts_an_edge_tile_whole(model, monkeypatch):
