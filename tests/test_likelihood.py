@@ -239,17 +239,21 @@ def test_float32_pipeline():
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in terms.values())
 
 
+def _wrong_score_image(kind):
+    """The 192-dim Gaussian with a score scaled by 0.8, one quantized image of it, its u and y."""
+    sde, mu, s, exact, gen = gaussian(kind, (3, 8, 8))
+    x = pixels.from_model(mu + s * torch.randn((1, 3, 8, 8), generator=gen, dtype=F64)).floor().clamp(0, 255).to(torch.uint8)
+    u = torch.rand((1, 3, 8, 8), generator=gen, dtype=F64)
+    return sde, mu, s, ScaledModel(exact, 0.8), x, u, pixels.to_model(x, u)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_stratified_bound_is_unbiased_lower_variance_and_reports_a_safe_error(kind):
     """bound_terms draws one t per stratum of p(t): against independent draws (plain dsm_loss) on a
     192-dim Gaussian with a wrong score, both estimators match the closed form, the stratified one
     with less spread (measured 2.3x / 2.3x / 5.5x lower std for vp / subvp / ve), and its reported
     diffusion_se is not optimistic (measured mean se^2 / empirical variance 1.75 - 1.93)."""
-    sde, mu, s, exact, gen = gaussian(kind, (3, 8, 8))
-    model = ScaledModel(exact, 0.8)
-    x = pixels.from_model(mu + s * torch.randn((1, 3, 8, 8), generator=gen, dtype=F64)).floor().clamp(0, 255).to(torch.uint8)
-    u = torch.rand((1, 3, 8, 8), generator=gen, dtype=F64)
-    y = pixels.to_model(x, u)
+    sde, mu, s, model, x, u, y = _wrong_score_image(kind)
     reps, n_t = 400, 16
     terms = bound_terms(model, x.expand((reps,) + x.shape[1:]), FixedDeq(u), n_t=n_t,
                         generator=torch.Generator().manual_seed(11))
@@ -298,11 +302,7 @@ def test_systematic_bound_is_unbiased_with_less_spread(kind):
     dominates: measured 0.95x / 0.96x / 0.82x the std for vp / subvp / ve, n_t = 16; the unfolded
     shifted grid 0.96x / 0.97x / 1.24x, ve's integrand ending far from where it starts), and no
     standard error is claimed (NaN)."""
-    sde, mu, s, exact, gen = gaussian(kind, (3, 8, 8))
-    model = ScaledModel(exact, 0.8)
-    x = pixels.from_model(mu + s * torch.randn((1, 3, 8, 8), generator=gen, dtype=F64)).floor().clamp(0, 255).to(torch.uint8)
-    u = torch.rand((1, 3, 8, 8), generator=gen, dtype=F64)
-    y = pixels.to_model(x, u)
+    sde, mu, s, model, x, u, y = _wrong_score_image(kind)
     reps, n_t = 400, 16
     xs = x.expand((reps,) + x.shape[1:])
     sys_terms = bound_terms(model, xs, FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11), systematic=True)
