@@ -429,13 +429,14 @@ FALLBACK_Z = 4.0            # the estimate stops once this many standard errors 
 # 3,449 bits more than the model would, with 64 1,100, the least possible); the samples fall as
 # 1 / tiles (as 32x32 tiles) beyond CHOICE_TILES, to CHOICE_N_T_MIN, so that the estimate stays a
 # small part of the encode. Since 0.9.19 the times lie on a shifted grid (bound_bpd(systematic=True)):
-# on Kodak's 64px tiles (photo model) a tile's bound to 0.051 bits/dim from 16 samples (independent
-# strata: 0.186), 0.040 from 32, 0.027 from 64; from 8 to 0.20 (too few grid points for the
-# integrand's peak), hence the floor of 16
+# on Kodak's 64px tiles (photo model) a tile's bound to about 0.05 bits/dim from 16 samples
+# (independent strata: 0.19), 0.04 from 32, 0.03 from 64; from 8 to 0.20 (too few grid points for
+# the integrand's trough), hence the floor of 16
 CHOICE_N_T, CHOICE_N_T_MIN, CHOICE_TILES = 64, 16, 64
 # the second estimate (tile_model_bits with seed bits): the tiles within this many bits/dim of the
-# seed codec or below it, from this many other time samples (0.9.18: 64 independently stratified
-# ones, about 0.09 bits/dim; 32 on the grid: 0.040 in half the time)
+# seed codec or below it, from this many other time samples (32 on the grid: 0.031 bits/dim on 32
+# of kodim14's tiles, two draws each, where 0.9.18's 64 independently stratified ones left 0.036,
+# in twice the time)
 CHOICE_REFINE_BPD, CHOICE_REFINE_N_T = 0.1, 32
 # where the first estimate runs in bfloat16 (models.bf16_is_fast: 36 s against 58 s for kodim14's
 # 96 tiles, one thread), the tiles within this much more are refined too: bf16's bound lies 0.004 -
