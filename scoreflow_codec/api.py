@@ -453,9 +453,10 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     palettes go partly through the seed codec in the model's stream too).
 
     Per tile (edge tiles padded as evaluate_images pads them; each image weighs its dims, spread over
-    its tiles), FALLBACK_N_T time samples on a shifted grid (systematic). With a threshold, tiles are taken in a random
-    order (fixed seed: the same decision every run) and the estimate stops once it lies FALLBACK_Z
-    standard errors above or below it (estimate.sequential_mean); without one, every tile counts."""
+    its tiles), FALLBACK_N_T time samples on a shifted grid (losses.systematic_uniform). With a
+    threshold, tiles are taken in a random order (fixed seed: the same decision every run) and the
+    estimate stops once it lies FALLBACK_Z standard errors above or below it
+    (estimate.sequential_mean); without one, every tile counts."""
     import torch
 
     from . import likelihood
@@ -486,9 +487,10 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     """Per tile of the stream (stream.T.plan_tiles order), the bits the model's stream is expected to
     take for its colour values: (bound + excess_bpd) x the whole tile's dims (3 tile^2), the bound per
     dim of the tile edge-padded as evaluate_images pads it, with the float32 network (time samples on
-    a shifted grid per tile, losses.systematic_uniform: CHOICE_N_T, fewer for many tiles). An edge tile's padding counts in full (0.9.18): the
-    stream codes the whole tile, its padding latent (popped around the edge replication, given back),
-    and that costs about what the padded bound charges it. Scaled to the image's pixels alone (0.9.17)
+    a shifted grid per tile, losses.systematic_uniform: CHOICE_N_T, fewer for many tiles). An edge
+    tile's padding counts in full (0.9.18): the stream codes the whole tile, its padding latent
+    (popped around the edge replication, given back), and that costs about what the padded bound
+    charges it. Scaled to the image's pixels alone (0.9.17)
     the estimate of an edge tile came out far too low: a 1600x1064 photograph's 24 bottom-edge tiles
     (40 of 64 rows) were to cost 287,267 bits and took 489,336 in the stream (their chain's bound over
     the whole padded tiles: 478,555), so the model's stream was coded (about 100 s) and came out
@@ -524,7 +526,8 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
         for s in range(0, len(idx), step):
             part = idx[s:s + step]
             xb = torch.from_numpy(padded_tiles(sources, refs, part, tile)).to(device)
-            bpd = likelihood.bound_bpd(net, xb, model.dequantizer, n_t=n_t, generator=gen, systematic=True).double().cpu().numpy()
+            bpd = likelihood.bound_bpd(net, xb, model.dequantizer, n_t=n_t, generator=gen,
+                                       systematic=True).double().cpu().numpy()
             out[part] = (bpd + excess_bpd) * dims
 
     n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
