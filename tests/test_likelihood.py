@@ -2,6 +2,7 @@
 exact likelihood of the model it bounds, and the bits/dim plumbing."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -315,3 +316,26 @@ def test_systematic_bound_is_unbiased_with_less_spread(kind):
     b = bound_bpd(model, xs[:3], FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11), systematic=True)
     again = bound_terms(model, xs[:3], FixedDeq(u), n_t=n_t, generator=torch.Generator().manual_seed(11), systematic=True)
     torch.testing.assert_close(b, again["bpd_with"])
+
+
+def test_systematic_bound_on_the_shipped_photo_model():
+    """What the codec's estimates rely on, on a real network: the shipped `photo` model's bound of
+    four textured 64px tiles (a synthetic image: no data needed), 16 times, five draws each way. On
+    the grid the draws spread far less than with independently jittered strata (pooled std 0.23x
+    here; 0.047 against 0.186 bits/dim on Kodak tiles: the integrand over time is smooth, and its
+    variation within strata was most of the noise), and both estimate the same bound."""
+    from scoreflow_codec import zoo
+
+    model = zoo.load_model("photo")
+    yy, xx = np.mgrid[0:64, 0:64]
+    base = np.stack([96 + 60 * np.sin(xx / 9.0) + 30 * np.cos(yy / 7.0), 128 + 50 * np.cos((xx + yy) / 11.0),
+                     80 + xx + yy / 2], 0)
+    noise = np.random.default_rng(0).normal(0, 6, (4, 3, 64, 64))
+    x = torch.from_numpy(np.clip(base[None] + noise, 0, 255).astype(np.uint8))
+    draws = {sys_: torch.stack([bound_bpd(model.model, x, model.dequantizer, n_t=16, systematic=sys_,
+                                          generator=torch.Generator().manual_seed(s)).double() for s in range(5)])
+             for sys_ in (False, True)}
+    var = {k: v.var(0).mean().item() for k, v in draws.items()}  # per tile over the draws, pooled
+    assert math.sqrt(var[True] / var[False]) < 0.5, var
+    diff = draws[True].mean().item() - draws[False].mean().item()
+    assert abs(diff) < 4 * math.sqrt((var[True] + var[False]) / 20), (diff, var)
