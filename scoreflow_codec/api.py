@@ -286,7 +286,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
 
     fallback: "off" (or False), the model's stream; "seed", the classical seed codec alone (the
     file "both" and "auto" compare against, with no model run at all: a Kodak image in about 15 s
-    against 1 - 3 minutes); "both", also the classical seed codec alone,
+    against 45 - 150 s); "both", also the classical seed codec alone,
     whole images as single tiles (stream.seed_only_settings), returning the smaller file, with both
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
     then the model's stream only where it promises a smaller file: with seed tiles in the image's
@@ -490,11 +490,11 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     a shifted grid per tile, losses.systematic_uniform: CHOICE_N_T, fewer for many tiles). An edge
     tile's padding counts in full (0.9.18): the stream codes the whole tile, its padding latent
     (popped around the edge replication, given back), and that costs about what the padded bound
-    charges it. Scaled to the image's pixels alone (0.9.17)
-    the estimate of an edge tile came out far too low: a 1600x1064 photograph's 24 bottom-edge tiles
-    (40 of 64 rows) were to cost 287,267 bits and took 489,336 in the stream (their chain's bound over
-    the whole padded tiles: 478,555), so the model's stream was coded (about 100 s) and came out
-    15,452 bytes above the seed codec's file.
+    charges it. Scaled to the image's pixels alone (0.9.17) the estimate of an edge tile came out
+    far too low: a 1600x1064 photograph's 24 bottom-edge tiles (40 of 64 rows) were to cost 287,267
+    bits and took 489,336 in the stream (their chain's bound over the whole padded tiles: 478,555),
+    so the model's stream was coded (about 100 s) and came out 15,452 bytes above the seed codec's
+    file.
     With seed_bits (the seed codec's bits per tile) and a first estimate of fewer than
     CHOICE_REFINE_N_T time samples (many tiles: a photograph), a second estimate of the tiles the
     first puts below the seed codec or within CHOICE_REFINE_BPD of it, from CHOICE_REFINE_N_T other
