@@ -417,6 +417,105 @@ def test_spd_solve_matches_lapack():
     assert np.allclose(got, want, rtol=1e-7, atol=1e-7)
 
 
+def _solve_spd_0919(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """0.9.19's elimination, on the [n, d, d] layout: the bits every file up to 0.9.19 was made with."""
+    a, b = a.copy(), b.copy()
+    d = b.shape[1]
+    for k in range(d - 1):
+        f = a[:, k + 1:, k] / a[:, k, k, None]
+        a[:, k + 1:, k + 1:] -= f[:, :, None] * a[:, k, None, k + 1:]
+        b[:, k + 1:] -= f * b[:, k, None]
+    w = np.zeros_like(b)
+    for i in reversed(range(d)):
+        acc = b[:, i]
+        for j in range(i + 1, d):
+            acc = acc - a[:, i, j] * w[:, j]
+        w[:, i] = acc / a[:, i, i]
+    return w
+
+
+def _ls_predict_0919(st, c: int, idx: np.ndarray) -> np.ndarray:
+    """0.9.19's least-squares sub-predictor: masked gathers of features and values, two matmuls,
+    the [n, d, d] elimination. Reads the pixels' values from st.x and its own feature table."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    fi = sc._ls_features(st, c, idx)
+    st.old_feat[c][idx] = fi
+    w_ = st.lay.w
+    y, x = np.divmod(idx, w_)
+    window = sc._ls_window(st.version)
+    dy, dx = window[None, :, 0], window[None, :, 1]
+    ok = (y[:, None] + dy >= 0) & (x[:, None] + dx >= 0) & (x[:, None] + dx < w_)
+    j = np.where(ok, idx[:, None] + dy * w_ + dx, 0)
+    f = st.old_feat[c][j].astype(np.float32) * ok[..., None]
+    t = (st.x[c][j] * ok).astype(np.float32)
+    ft = f.transpose(0, 2, 1)
+    a = np.matmul(ft, f).astype(np.float64)
+    b = np.matmul(ft, t[..., None])[..., 0].astype(np.float64)
+    d = fi.shape[1]
+    a[:, np.arange(d), np.arange(d)] += sc.LS_RIDGE
+    w = _solve_spd_0919(a, b)
+    fi = fi.astype(np.float64)
+    p = fi[:, 0] * w[:, 0]
+    for k in range(1, d):
+        p = p + fi[:, k] * w[:, k]
+    p = np.rint(p * sc.FRAC)
+    return np.where(np.isfinite(p), np.minimum(np.maximum(p, 0), 255 * sc.FRAC), sc.FILL * sc.FRAC).astype(np.int64)
+
+
+def test_spd_solve_keeps_0919s_bits():
+    """0.9.20 eliminates on the [d, d, n] layout (contiguous over the systems): the same IEEE
+    operations in the same order as 0.9.19's [n, d, d] loop, so the same bits, which every file's
+    decoding depends on. Integer normal equations as the predictor makes them, some nearly singular."""
+    from scoreflow_codec.coding.seed_codec import _solve_spd
+
+    rng = np.random.default_rng(5)
+    for d in (7, 11, 13):
+        f = rng.integers(0, 256, (400, 54, d)).astype(np.float64)
+        f[..., -1] = 1
+        f[:150, :, 1] = f[:150, :, 0] + rng.integers(-1, 2, (150, 54))
+        f[150:200, :, 2] = f[150:200, :, 0]  # exactly collinear: only the ridge keeps it solvable
+        a = np.einsum("nki,nkj->nij", f, f) + np.eye(d)
+        b = np.einsum("nki,nk->ni", f, rng.integers(0, 256, (400, 54)).astype(np.float64))
+        got, want = _solve_spd(a, b), _solve_spd_0919(a, b)
+        assert np.array_equal(got.view(np.uint64), want.view(np.uint64)), d
+
+
+@pytest.mark.parametrize("version", [2, 6])
+def test_least_squares_predictor_keeps_0919s_bits(version):
+    """The least-squares sub-predictor of 0.9.20 (one gather of [features, value] rows from a table
+    with a zero row, one matmul, the transposed elimination) gives 0.9.19's predictions bit for bit:
+    in the encoder's raster chunks (every value known), and in the decoder's wavefronts, where a
+    pixel's value enters the table only when _State.record stores it."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    h, w = 23, 29
+    planes = _synthetic(3, h, w)
+    planes[0, 8:13] = np.random.default_rng(3).integers(0, 256, (5, w))  # noise: a spread of weights
+    planes[2, :, 20:] = 255  # flat: a near-singular window
+    lay = sc._layout(h, w)
+    flat = planes[[1, 0, 2]].reshape(3, -1).astype(np.int64)
+
+    def state():
+        st = sc._State(lay, 3, version, ls=True)
+        st.old_feat = [np.zeros_like(t[:, :-1]) for t in st.feat]
+        return st
+
+    st = state()
+    for c in range(3):
+        st.x[c][: lay.n] = flat[c]
+    for c in range(3):
+        for i in np.array_split(np.arange(lay.n), 4):
+            assert np.array_equal(sc._ls_predict(st, c, i), _ls_predict_0919(st, c, i)), (c, "raster")
+    st = state()  # the decoder's order: values only once recorded
+    for idx in lay.steps:
+        for c in range(3):
+            got = sc._ls_predict(st, c, idx)
+            assert np.array_equal(got, _ls_predict_0919(st, c, idx)), (c, "wavefronts")
+            p = np.zeros((len(idx), 8 * (c + 1)), dtype=np.int64)  # sub-predictions: not read here
+            st.record(c, idx, flat[c][idx], p, np.zeros(len(idx), dtype=np.int64))
+
+
 @pytest.mark.parametrize("version", [2, 6])
 def test_least_squares_predictor_by_a_slow_reference(version):
     """The least-squares sub-predictor against a direct computation per pixel: its causal window
