@@ -459,7 +459,7 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     (estimate.sequential_mean); without one, every tile counts."""
     import torch
 
-    from . import likelihood
+    from . import likelihood, models
 
     if not all(s.color is not None and s.color.shape[0] == 3 and s.extra is None for s in sources):
         return None
@@ -471,10 +471,11 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
         return padded_tiles(sources, refs, idx, tile)
 
     gen = torch.Generator().manual_seed(0)
+    net = models.ChannelsLast(model.model)  # faster kernels; an estimate, never a file's arithmetic
 
     def evaluate(idx: np.ndarray) -> np.ndarray:
         xb = torch.from_numpy(tiles_at(idx)).to(device)
-        return likelihood.bound_bpd(model.model, xb, model.dequantizer, n_t=FALLBACK_N_T, generator=gen,
+        return likelihood.bound_bpd(net, xb, model.dequantizer, n_t=FALLBACK_N_T, generator=gen,
                                    systematic=True).double().cpu().numpy()
 
     activity = np.concatenate([tile_activity(tiles_at(range(s, min(s + 64, len(refs))))) for s in range(0, len(refs), 64)])
@@ -533,11 +534,12 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
     refine = seed_bits is not None and n_t < CHOICE_REFINE_N_T
     fast = refine and models.bf16_is_fast(device)  # the first look only picks the tiles to refine
-    estimate(rgb, n_t, 0, models.Bf16(model.model) if fast else model.model)
+    net = models.ChannelsLast(model.model)  # faster kernels; an estimate, never a file's arithmetic
+    estimate(rgb, n_t, 0, models.Bf16(net) if fast else net)
     if refine:
         margin = CHOICE_REFINE_BPD + (CHOICE_BF16_BPD if fast else 0.0)
         near = [i for i in rgb if out[i] < seed_bits[i] + margin * dims]
-        estimate(near, CHOICE_REFINE_N_T, 1, model.model)
+        estimate(near, CHOICE_REFINE_N_T, 1, net)
     return out
 
 

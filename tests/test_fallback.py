@@ -208,12 +208,13 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
     seen = set()
 
     def bound(m, x, deq, n_t, generator, **kw):
-        seen.add(kw.get("systematic"))
+        seen.add((kw.get("systematic"), type(m).__name__, m.model is model.model))
         return {"bpd_with": x.double().mean((1, 2, 3))}
     monkeypatch.setattr(likelihood, "bound_terms", bound)
     arrs = [_gradient(40, 72), _gradient(100, 33), (np.arange(105) % 256).reshape(7, 5, 3).astype(np.uint8)]
     e = api.estimate_model_bpd([images.from_array(a) for a in arrs], model, 32)
-    assert seen == {True}  # times on a shifted grid (losses.systematic_uniform)
+    # times on a shifted grid (losses.systematic_uniform), the network fed channels-last
+    assert seen == {(True, "ChannelsLast", True)}
     per_image = [api.image_tiles(a, 32).astype(np.float64).mean() for a in arrs]
     assert e.complete and e.se == 0.0 and e.total == 6 + 8 + 1
     assert e.mean == pytest.approx(np.average(per_image, weights=[a.size for a in arrs]), rel=1e-12)
@@ -226,13 +227,17 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
     CHOICE_REFINE_BPD of it, and keeps that second estimate for them, where the first has fewer time
     samples than the second. Where bfloat16 is fast (`fast`), that first estimate runs in it
     (models.Bf16) and the tiles within CHOICE_BF16_BPD more are estimated again too, in float32; the
-    estimates without seed bits never run in it. A stand-in bound: a tile's mean pixel value plus its
-    generator's seed; a grey image's tiles stay NaN."""
+    estimates without seed bits never run in it. Every estimate feeds the network channels-last
+    (models.ChannelsLast, 0.9.20). A stand-in bound: a tile's mean pixel value plus its generator's
+    seed; a grey image's tiles stay NaN."""
     from scoreflow_codec import likelihood, models
     nets = []
 
+    def chain(m):  # the wrappers around the score model, outermost first
+        return ">".join([type(m).__name__] + ([chain(m.model)] if hasattr(m, "model") else []))
+
     def bound(m, x, deq, n_t, generator, **kw):
-        nets.append((type(m).__name__, n_t))
+        nets.append((chain(m), n_t))
         assert kw.get("systematic") is True  # the choice's estimates take their times on a shifted grid
         return {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()}
     monkeypatch.setattr(likelihood, "bound_terms", bound)
@@ -249,14 +254,15 @@ def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, mo
     assert np.array_equal(api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed), first, equal_nan=True)
     monkeypatch.setattr(api, "CHOICE_N_T", 16)  # a first estimate of 16 samples: estimated again
     assert np.array_equal(api.tile_model_bits(srcs, model, 32, excess_bpd=0.5), first, equal_nan=True)
-    assert {net for net, _ in nets} == {"GaussianScoreModel"}
+    assert {net for net, _ in nets} == {"ChannelsLast>GaussianScoreModel"}
     nets.clear()
     again = api.tile_model_bits(srcs, model, 32, excess_bpd=0.5, seed_bits=seed)
     # first < seed + CHOICE_REFINE_BPD (0.1), + CHOICE_BF16_BPD (0.05) where the first ran in bf16
     near = np.array([False, True, True, False, True, fast])
     assert np.allclose(again[:6][near], first[:6][near] + dims[:6][near]) and np.array_equal(again[:6][~near], first[:6][~near])
     assert np.isnan(again[6:]).all()
-    assert nets == [("Bf16" if fast else "GaussianScoreModel", 16), ("GaussianScoreModel", 32)]
+    f32 = "ChannelsLast>GaussianScoreModel"
+    assert nets == [("Bf16>" + f32 if fast else f32, 16), (f32, 32)]
 
 
 def test_tile_model_bits_counts_an_edge_tile_whole(model, monkeypatch):

@@ -176,3 +176,22 @@ def test_bf16_wrapper_is_close_and_float32():
     assert fast.dtype == torch.float32 and Bf16(model).sde is model.sde
     rel = float((fast - ref).norm() / ref.norm())
     assert 1e-5 < rel < 0.03, rel
+
+
+def test_channels_last_gives_the_same_scores_on_the_shipped_photo_model():
+    """models.ChannelsLast, which the codec's estimates run the network in since 0.9.20 (faster CPU
+    kernels): the shipped photo model's output on 64px tiles fed channels-last equals the plain
+    forward to float32 rounding, comes back in the usual layout, and leaves the model as it was (a
+    file's coding runs the same model in its own arithmetic)."""
+    from scoreflow_codec import models, zoo
+
+    model = zoo.load_model("photo")
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.05, 0.6])
+    with torch.no_grad():
+        want = model.model(x, t)
+        wrapped = models.ChannelsLast(model.model)
+        got = wrapped(x, t)
+    assert got.shape == want.shape and got.is_contiguous() and wrapped.sde is model.model.sde
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert x.is_contiguous() and all(p.is_contiguous() for p in model.model.parameters())

@@ -31,3 +31,22 @@ class Bf16(torch.nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             return self.model(x, t).to(x.dtype)
+
+
+class ChannelsLast(torch.nn.Module):
+    """A score model fed its input channels-last (NHWC), its output back in the usual layout: the
+    CPU's convolution kernels (oneDNN) run faster on it. For estimates that only steer the encoder
+    (api.tile_model_bits, api.estimate_model_bpd; since 0.9.20), never for anything that codes a
+    file: other kernels round differently, and a --arith float32 file decodes only with the kernels
+    that made it. Measured (the photo model on 64px Kodak tiles, one thread, the 2-core AVX-512
+    EPYC): float32, 16 tiles x 32 time samples, 14.4 - 16.5 s -> 11.1 - 12.4 s; under bfloat16
+    autocast (Bf16 around it), 32 tiles x 16 samples, 10.3 - 10.4 s -> 9.0 - 9.3 s; the bounds the
+    same to 1e-6 bits/dim in float32, 1e-3 in bfloat16."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.sde = model.sde
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.model(x.contiguous(memory_format=torch.channels_last), t).contiguous()
