@@ -40,8 +40,9 @@ class ChannelsLast(torch.nn.Module):
     file: other kernels round differently, and a --arith float32 file decodes only with the kernels
     that made it. Measured (the photo model on 64px Kodak tiles, one thread, the 2-core AVX-512
     EPYC): float32, 16 tiles x 32 time samples, 14.4 - 16.5 s -> 11.1 - 12.4 s; under bfloat16
-    autocast (Bf16 around it), 32 tiles x 16 samples, 10.3 - 10.4 s -> 9.0 - 9.3 s; the bounds the
-    same to 1e-6 bits/dim in float32, 1e-3 in bfloat16."""
+    autocast (Bf16 around it), the first look at kodim05's and kodim14's 96 tiles 31.1 - 31.5 s ->
+    27.9 - 28.2 s; the bounds the same to 1.2e-6 bits/dim in float32, 8e-4 in bfloat16 (16 of
+    kodim14's tiles, the same draws)."""
 
     def __init__(self, model):
         super().__init__()
