@@ -413,7 +413,7 @@ def test_spd_solve_matches_lapack():
     a = np.einsum("nki,nkj->nij", f, f) + np.eye(9)
     b = np.einsum("nki,nk->ni", f, rng.integers(0, 256, (500, 36)).astype(np.float64))
     want = np.linalg.solve(a, b[..., None])[..., 0]
-    got = _solve_spd(a, b)
+    got = _solve_spd(np.ascontiguousarray(a.transpose(1, 2, 0)), np.ascontiguousarray(b.T)).T
     assert np.allclose(got, want, rtol=1e-7, atol=1e-7)
 
 
@@ -477,7 +477,8 @@ def test_spd_solve_keeps_0919s_bits():
         f[150:200, :, 2] = f[150:200, :, 0]  # exactly collinear: only the ridge keeps it solvable
         a = np.einsum("nki,nkj->nij", f, f) + np.eye(d)
         b = np.einsum("nki,nk->ni", f, rng.integers(0, 256, (400, 54)).astype(np.float64))
-        got, want = _solve_spd(a, b), _solve_spd_0919(a, b)
+        got = _solve_spd(np.ascontiguousarray(a.transpose(1, 2, 0)), np.ascontiguousarray(b.T)).T
+        want = _solve_spd_0919(a, b)
         assert np.array_equal(got.view(np.uint64), want.view(np.uint64)), d
 
 

@@ -309,17 +309,12 @@ def _ls_features(st: "_State", c: int, j: np.ndarray) -> np.ndarray:
 
 
 def _solve_spd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """w with a w = b for symmetric positive definite a [n, d, d], b [n, d]: Gaussian elimination
-    without pivoting, written as element-wise IEEE operations in a fixed order (numpy's ufuncs do
-    not fuse multiply-adds), so every machine gets the same bits. No LAPACK: its blocking and
-    kernels differ between builds. Returns [n, d] (a view of [d, n])."""
-    return _solve_spd_t(np.ascontiguousarray(a.transpose(1, 2, 0)), np.ascontiguousarray(b.T)).T
-
-
-def _solve_spd_t(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """_solve_spd on the systems laid out last: a [d, d, n], b [d, n] (overwritten) -> w [d, n].
-    Each operation runs over n contiguous values (0.9.20; the same operations in the same order as
-    0.9.19's [n, d, d] layout, so the same bits, about 4x faster)."""
+    """w with a w = b for n symmetric positive definite systems laid out last: a [d, d, n], b [d, n]
+    (both overwritten) -> w [d, n]. Gaussian elimination without pivoting, written as element-wise
+    IEEE operations in a fixed order (numpy's ufuncs do not fuse multiply-adds), so every machine
+    gets the same bits. No LAPACK: its blocking and kernels differ between builds. Each operation
+    runs over n contiguous values (0.9.20; the same operations in the same order as 0.9.19's
+    [n, d, d] layout, so the same bits, about 4x faster)."""
     d = b.shape[0]
     for k in range(d - 1):
         f = a[k + 1:, k] / a[k, k]                                    # [d-k-1, n]
@@ -362,7 +357,7 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     a = g[:, :d, :d].transpose(1, 2, 0).astype(np.float64, order="C")                 # [d, d, n]
     b = g[:, :d, d].T.astype(np.float64, order="C")                                   # [d, n]
     a[np.arange(d), np.arange(d)] += LS_RIDGE
-    w = _solve_spd_t(a, b)
+    w = _solve_spd(a, b)
     fi = fi.T.astype(np.float64, order="C")
     p = fi[0] * w[0]
     for k in range(1, d):
