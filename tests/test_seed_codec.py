@@ -687,6 +687,34 @@ def test_shared_analyses_give_the_same_bits_and_analyse_once(version, monkeypatc
         assert np.array_equal(a, b)
 
 
+def test_pixel_bits_outlive_their_analysis_in_the_scope(monkeypatch):
+    """Within shared_analyses(), the pixel bits of planes coded whole (seed_push, seed_bits) stay in
+    the store after their analysis has gone (SHARED_BYTES): seed_pixel_bits returns them without
+    analysing the planes again, the same numbers as outside any scope, and a copy (the caller may
+    write to it). Planes coded in part (seed_push_known) leave none."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    a = _chroma_synthetic(24, 20)[:3].copy()
+    b = _photo_synthetic(16, 28)[:3].copy()
+    plain = [seed_pixel_bits(a), seed_pixel_bits(b)]
+    runs = []
+    real = sc._analyse
+    monkeypatch.setattr(sc, "_analyse", lambda *args, **k: runs.append(1) or real(*args, **k))
+    monkeypatch.setattr(sc, "SHARED_BYTES", 1)  # each new analysis pushes the one before out
+    with sc.shared_analyses():
+        seed_push(Message(), a)
+        seed_push_known(Message(), b, _known_masks(16, 28)["tiles"])
+        store = sc._SHARED.get()
+        assert list(store.pixel_bits) == [sc._key(a, LATEST)] and len(store.items) == 1  # b's analysis
+        n = len(runs)
+        got = seed_pixel_bits(a)
+        assert len(runs) == n and np.array_equal(got, plain[0])
+        got[:] = 0
+        assert np.array_equal(seed_pixel_bits(a), plain[0])
+        assert np.array_equal(seed_pixel_bits(b), plain[1]) and len(runs) == n  # b's analysis is still in
+    assert sc._SHARED.get() is None
+
+
 def test_an_analysis_keeps_small_types_and_one_copy_of_the_planes():
     """What shared_analyses() keeps of an RGB image in version 6 (0.9.18): per pixel, for each of the
     three least-squares options and three planes the bits (float64) and a plan of int16 rows and

@@ -799,8 +799,7 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     store = _SHARED.get()
     key = None
     if store is not None:
-        key = (version, planes.shape, planes.dtype.str,
-               hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
+        key = _key(planes, version)
         if key in store.items:
             return store.items[key][0]
     out, diff, known = [], None, None
@@ -824,13 +823,22 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     return out
 
 
+def _key(planes: np.ndarray, version: int) -> tuple:
+    """The key of planes' analysis in shared_analyses()'s store."""
+    return (version, planes.shape, planes.dtype.str,
+            hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
+
+
 class _Store:
     """shared_analyses()'s analyses by key, with their memory: at most SHARED_BYTES, the oldest out
-    first (a scope over many images keeps the last ones; the last one always)."""
+    first (a scope over many images keeps the last ones; the last one always). And, never dropped,
+    the pixel bits of the modes chosen for every planes coded whole (8 bytes a pixel: seed_pixel_bits
+    of a large image's blocks after its file, without analysing them again)."""
 
     def __init__(self):
         self.items: dict = {}
         self.bytes = 0
+        self.pixel_bits: dict = {}
 
     def put(self, key, options: list[_Option]) -> None:
         n = _nbytes(options)
@@ -898,6 +906,9 @@ def _choose(planes: np.ndarray, lay: _Layout, version: int, coded: np.ndarray | 
             pixel += v
         if best is None or bits < best[3]:
             best = (opt.ls, opt.flat, plans, bits, pixel)
+    store = _SHARED.get()
+    if store is not None and coded is None:
+        store.pixel_bits[_key(planes, version)] = best[4]
     return best
 
 
@@ -1136,7 +1147,12 @@ def seed_pixel_bits(planes: np.ndarray, version: int = LATEST) -> np.ndarray:
     the counts learn from every pixel, coded or known, so a pixel's bits do not depend on which
     others are coded (only the modes may change with the region, and only where that saves bits)."""
     planes = _check_planes(planes)
-    return _choose(planes, _layout(*planes.shape[1:]), _check_version(version))[4].reshape(planes.shape[1:])
+    version = _check_version(version)
+    store = _SHARED.get()
+    known = None if store is None else store.pixel_bits.get(_key(planes, version))
+    if known is None:
+        known = _choose(planes, _layout(*planes.shape[1:]), version)[4]
+    return known.reshape(planes.shape[1:]).copy()
 
 
 def seed_push_known(m: Message, planes: np.ndarray, coded: np.ndarray, version: int = LATEST) -> float:
