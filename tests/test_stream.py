@@ -167,6 +167,38 @@ def test_seed_only_tiles_stop_at_the_format_limit():
     assert stream.seed_only_settings([(1, 2, 3)]).tile == 4  # the format's smallest tile
 
 
+def test_seed_file_tile_bits_are_the_tiles_shares_of_the_seed_file(monkeypatch):
+    """seed_file_tile_bits: each tile's share of the seed codec's file, whose blocks (seed_only_settings:
+    up to 1024x1024) are coded alone. A 10x1030 image is two blocks (1024 and 6 wide): the shares are
+    those of each block's own pixel bits, and after the file's pushes in shared_analyses() no block
+    is analysed again; an image in one block gets tile_seed_bits's shares in the image's context."""
+    from scoreflow_codec.coding import seed_codec as sc
+    from scoreflow_codec.coding.seed_codec import LATEST, seed_pixel_bits, seed_push
+
+    rng = np.random.default_rng(3)
+    wide = np.clip(np.cumsum(rng.integers(-3, 4, (3, 10, 1030)), axis=2) + 128, 0, 255).astype(np.uint8)
+    small = _images(1)[0].color
+    imgs = [StreamImage(wide, None), StreamImage(small, None)]
+    refs = T.plan_tiles([im.color_shape for im in imgs], 32)
+    expect_wide = np.concatenate([seed_pixel_bits(wide[:, :, :1024]), seed_pixel_bits(wide[:, :, 1024:])], axis=1)
+    expect = [expect_wide, seed_pixel_bits(small)]
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    blocks = T.plan_tiles([im.color_shape for im in imgs], st.tile)
+    assert st.tile == 1024 and len(blocks) == 3
+    with sc.shared_analyses():
+        for b in blocks:  # what the seed codec's file pushes
+            seed_push(Message(), T.known_block(imgs[b.image].color, b))
+        monkeypatch.setattr(sc, "_analyse", lambda *a, **k: pytest.fail("analysed again"))
+        got = stream.seed_file_tile_bits(imgs, refs, LATEST)
+    want = [float(expect[r.image][r.y0:r.y0 + r.h, r.x0:r.x0 + r.w].sum()) for r in refs]
+    assert np.array_equal(got, want)
+    monkeypatch.undo()
+    one = [imgs[1]]
+    refs = T.plan_tiles([small.shape], 8)
+    ctx = stream.tile_seed_bits(one, refs, StreamSettings(tile=8, seed_context="image"))
+    assert np.array_equal(stream.seed_file_tile_bits(one, refs, LATEST), ctx)
+
+
 def test_choose_seed_tiles():
     """Every tile the seed codec codes cheaper than the model's estimate, then, until the first model
     tile's need is covered, the cheapest moves; tiles without an estimate last, in tile order."""

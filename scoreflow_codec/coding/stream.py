@@ -337,6 +337,20 @@ def tile_seed_bits(images: list[StreamImage], refs: list[T.TileRef], settings: S
     return np.array([float(pix[r.image][r.y0:r.y0 + r.h, r.x0:r.x0 + r.w].sum()) for r in refs])
 
 
+def seed_file_tile_bits(images: list[StreamImage], refs: list[T.TileRef], version: int) -> np.ndarray:
+    """The bits of each tile as its pixels' share of the seed codec's file (seed_only_settings: each
+    image in blocks of up to 1024x1024, each coded alone; seed_pixel_bits of each block). Where an
+    image fits in one block these are tile_seed_bits's in the image's context; where it does not,
+    close to them (each block's statistics start afresh). Within seed_codec.shared_analyses() after
+    that file was encoded, no block is analysed again."""
+    shapes = [im.color_shape for im in images]
+    maps: dict[int, np.ndarray] = {}
+    for b in T.plan_tiles(shapes, seed_only_settings(shapes).tile):
+        pix = maps.setdefault(b.image, np.zeros(shapes[b.image][1:]))
+        pix[b.y0:b.y0 + b.h, b.x0:b.x0 + b.w] = seed_pixel_bits(T.known_block(images[b.image].color, b), version)
+    return np.array([float(maps[r.image][r.y0:r.y0 + r.h, r.x0:r.x0 + r.w].sum()) for r in refs])
+
+
 def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSettings,
            progress: Callable[[int], None] | None = None, track: bool = False,
            tile_bits: np.ndarray | None = None,
