@@ -120,7 +120,8 @@ class CompressReport:
     model_estimate: Estimate | None = None  # fallback "auto": the model's bound that decided
     # why the model's stream was not coded: "estimate" (fallback "auto": the bound above the seed
     # file), "saving" (fallback "auto", seed tiles in the image's context: the tiles the model is
-    # expected to code more cheaply save too little), "no colour planes" (only palette index planes,
+    # expected to code more cheaply save too little), "sample" (the same, extrapolated from a sample of
+    # tiles of a large photograph, sample_saving, even at SAMPLE_Z standard errors above), "no colour planes" (only palette index planes,
     # which the seed codec codes either way), "seed only" (fallback "seed": not asked for)
     model_skipped: str | None = None
     model_saving: "Saving | None" = None  # fallback "auto", seed tiles in the image's context: what decided
@@ -293,7 +294,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     context (compress's default), where the tiles that the model is expected to code more cheaply
     than the seed codec's share of them save more than the stream adds (expected_saving, from
     tile_model_bits: the float32 network, about a minute on a Kodak image, where the stream takes
-    minutes); with seed tiles each alone, where the model's bound over the images (FALLBACK_N_T time
+    minutes; on RGB images of more than SAMPLE_ABOVE_PIXELS in all, only where a sample of the tiles
+    promises such a saving, sample_saving); with seed tiles each alone, where the model's bound over the images (FALLBACK_N_T time
     samples, seconds) is not FALLBACK_MARGIN_BPD above that file's bits/dim (colour images without
     other planes; others are coded both ways). "auto" and "both" never
     code the model's stream of images without colour planes (palettes coded as index planes): it would
@@ -369,12 +371,17 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
         skipped = "estimate"
     elif ss.seed_tiles == "chosen":
         phase("model estimate")
-        seed_tile_bits = stream.tile_seed_bits(images, stream.T.plan_tiles([im.color_shape for im in images], ss.tile), ss)
-        tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
-        if in_context and fallback == "auto" and np.isfinite(tile_bits).all():  # grey tiles: no estimate, code both
-            saving = expected_saving(seed_tile_bits, tile_bits)
-            if saving.bits < saving.needed:
-                skipped = "saving"
+        if in_context and fallback == "auto" and _sample_first(sources):
+            saving = sample_saving(sources, model, ss, device, codec.excess_bits_per_dim())
+            if saving.upper < saving.needed:
+                skipped = "sample"
+        if skipped is None:
+            seed_tile_bits = stream.tile_seed_bits(images, stream.T.plan_tiles([im.color_shape for im in images], ss.tile), ss)
+            tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
+            if in_context and fallback == "auto" and np.isfinite(tile_bits).all():  # grey tiles: no estimate, code both
+                saving = expected_saving(seed_tile_bits, tile_bits)
+                if saving.bits < saving.needed:
+                    skipped = "saving"
     if skipped is None:
         phase("model stream")
         try:
@@ -404,20 +411,62 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
 SAVING_MIN_BITS = 1024.0
 
 
+# fallback "auto" on more than SAMPLE_ABOVE_PIXELS (a large photograph): before the estimate of every
+# tile, and the seed codec's analysis of the whole image in context that it compares with (about 0.8 KB
+# a pixel), the same estimate of SAMPLE_TILES tiles drawn at random (a fixed seed: the same choice every
+# run) against their shares of the seed codec's file (sample_saving). The model's stream is not coded
+# where the saving extrapolated from them, plus SAMPLE_Z standard errors, is below what its stream adds.
+SAMPLE_ABOVE_PIXELS, SAMPLE_TILES, SAMPLE_Z = 1 << 20, 64, 2.0
+
+
 @dataclass(frozen=True)
 class Saving:
     """What the model's tiles are expected to save against the seed codec in the image's context."""
     bits: float     # sum over the tiles of max(0, seed codec - model), the model's estimate
     tiles: int      # tiles where the model is expected to be cheaper
     needed: float   # SAVING_MIN_BITS plus the flags that would name the seed tiles
+    sampled: int = 0  # tiles estimated, where a sample (sample_saving; bits and tiles extrapolated); 0: all
+    upper: float | None = None  # a sample's bits plus SAMPLE_Z standard errors
+
+
+def _saving_needed(n: int, k: int) -> float:
+    """SAVING_MIN_BITS plus the flags that name k seed tiles of n."""
+    return SAVING_MIN_BITS + (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+
+
+def _sample_first(sources: list[imgs.SourceImage]) -> bool:
+    """Whether compress's fallback "auto" looks at a sample of tiles first (sample_saving): colour
+    images (RGB) of more than SAMPLE_ABOVE_PIXELS in all."""
+    rgb = all(s.color is not None and s.color.shape[0] == 3 for s in sources)
+    return rgb and sum(s.color.shape[1] * s.color.shape[2] for s in sources) > SAMPLE_ABOVE_PIXELS
 
 
 def expected_saving(seed_tile_bits: np.ndarray, model_bits: np.ndarray) -> Saving:
     """Saving for these per-tile costs (NaN model bits: no estimate, counted as no saving)."""
     gain = np.nan_to_num(np.asarray(seed_tile_bits) - np.asarray(model_bits), nan=0.0)
     k, n = int((gain > 0).sum()), len(gain)
-    flags = (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
-    return Saving(float(gain[gain > 0].sum()), k, SAVING_MIN_BITS + flags)
+    return Saving(float(gain[gain > 0].sum()), k, _saving_needed(n, k))
+
+
+def sample_saving(sources: list[imgs.SourceImage], model, ss: stream.StreamSettings, device: str = "cpu",
+                  excess_bpd: float = 0.0) -> Saving:
+    """Saving extrapolated from SAMPLE_TILES tiles drawn at random (numpy's generator, seed 0): each
+    estimated by tile_model_bits as the whole set would estimate it, against its share of the seed
+    codec's file (stream.seed_file_tile_bits: blocks of up to 1024x1024 coded alone, from the
+    analyses that file made). bits and tiles: the sample's scaled to all tiles; upper: bits plus
+    SAMPLE_Z standard errors of that total (finite population). Colour images only (RGB)."""
+    images = [stream.StreamImage(s.color, s.extra) for s in sources]
+    refs = stream.T.plan_tiles([im.color_shape for im in images], ss.tile)
+    n = len(refs)
+    pick = np.sort(np.random.default_rng(0).choice(n, min(SAMPLE_TILES, n), replace=False))
+    seed = stream.seed_file_tile_bits(images, refs, ss.seed)
+    model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick)
+    gain = np.maximum(0.0, seed[pick] - model_bits[pick])
+    m, scale = len(pick), n / len(pick)
+    se = n * float(gain.std(ddof=1)) / math.sqrt(m) * math.sqrt(1 - m / n) if 1 < m < n else 0.0
+    k = int(round(scale * int((gain > 0).sum())))
+    bits = scale * float(gain.sum())
+    return Saving(bits, k, _saving_needed(n, k), m, bits + SAMPLE_Z * se)
 
 
 FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"
@@ -484,7 +533,8 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
 
 
 def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu",
-                    excess_bpd: float = 0.0, seed_bits: np.ndarray | None = None) -> np.ndarray:
+                    excess_bpd: float = 0.0, seed_bits: np.ndarray | None = None,
+                    only: np.ndarray | None = None) -> np.ndarray:
     """Per tile of the stream (stream.T.plan_tiles order), the bits the model's stream is expected to
     take for its colour values: (bound + excess_bpd) x the whole tile's dims (3 tile^2), the bound per
     dim of the tile edge-padded as evaluate_images pads it, with the float32 network (time samples on
@@ -510,7 +560,9 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     (models.Bf16) and the second takes the tiles within CHOICE_BF16_BPD more: the first only picks the
     tiles to refine, every tile it could give the model is estimated again in float32.
     An estimate that steers the encoder's choice of seed tiles (stream.choose_seed_tiles), never a
-    size. NaN for the tiles of grey images (their colour planes are partly latent in the model)."""
+    size. NaN for the tiles of grey images (their colour planes are partly latent in the model).
+    only (tile indices): estimate these tiles alone (NaN elsewhere), as the whole set would estimate
+    them: the time samples and the bfloat16 first look follow the number of all tiles (sample_saving)."""
     import torch
 
     from . import likelihood, models
@@ -535,6 +587,9 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     refine = seed_bits is not None and n_t < CHOICE_REFINE_N_T
     fast = refine and models.bf16_is_fast(device)  # the first look only picks the tiles to refine
     net = models.ChannelsLast(model.model)  # faster kernels; an estimate, never a file's arithmetic
+    if only is not None:
+        chosen = set(np.asarray(only).tolist())
+        rgb = [i for i in rgb if i in chosen]
     estimate(rgb, n_t, 0, models.Bf16(net) if fast else net)
     if refine:
         margin = CHOICE_REFINE_BPD + (CHOICE_BF16_BPD if fast else 0.0)

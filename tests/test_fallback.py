@@ -284,6 +284,101 @@ def test_tile_model_bits_counts_an_edge_tile_whole(model, monkeypatch):
     assert seed[-1] < seed[0] / 4  # an 8x8 corner: its own 192 values
 
 
+def test_tile_model_bits_only_estimates_the_tiles_asked_for(model, monkeypatch):
+    """only= estimates those tiles alone (NaN elsewhere) as the whole set would: the same time
+    samples, the bfloat16 first look and the second estimate of the tiles near the seed codec follow
+    the number of all the tiles. A stand-in bound: a tile's mean pixel value plus its generator's seed."""
+    from scoreflow_codec import likelihood, models
+    sizes = []
+
+    def bound(m, x, deq, n_t, generator, **kw):
+        sizes.append((len(x), n_t, type(m).__name__))
+        return {"bpd_with": x.double().mean((1, 2, 3)) + generator.initial_seed()}
+    monkeypatch.setattr(likelihood, "bound_terms", bound)
+    monkeypatch.setattr(models, "bf16_is_fast", lambda dev: True)
+    src = [images.from_array(_gradient(96, 1472))]  # 138 tiles of 32px: 64 x 64 / 138 = 29 time samples
+    dims = 3 * 32 * 32
+    whole = api.tile_model_bits(src, model, 32, excess_bpd=0.5)
+    seed = whole + dims * np.where(np.arange(138) % 2, 1.0, -1.0)  # the odd tiles near the seed codec
+    full = api.tile_model_bits(src, model, 32, excess_bpd=0.5, seed_bits=seed)
+    sizes.clear()
+    part = api.tile_model_bits(src, model, 32, excess_bpd=0.5, seed_bits=seed, only=np.array([7, 2, 5]))
+    assert np.isnan(np.delete(part, [2, 5, 7])).all()
+    assert np.array_equal(part[[2, 5, 7]], full[[2, 5, 7]]) and part[5] != whole[5]  # 5 and 7 estimated again
+    assert sizes == [(3, 29, "Bf16"), (2, 32, "ChannelsLast")]  # 3 tiles alone would take 64 samples, once
+
+
+def _gains(model, monkeypatch, seed_bits, model_bits):
+    """sample_saving with stand-ins for the seed codec's tile bits and the model's: which tiles it asked for."""
+    asked = []
+    monkeypatch.setattr(api.stream, "seed_file_tile_bits", lambda ims, refs, version: np.asarray(seed_bits, float))
+
+    def tmb(sources, m, tile, device, excess, seed, only):
+        asked.append(np.asarray(only))
+        assert np.array_equal(seed, seed_bits)
+        out = np.full(len(seed), np.nan)
+        out[only] = np.asarray(model_bits, float)[only]
+        return out
+    monkeypatch.setattr(api, "tile_model_bits", tmb)
+    return asked
+
+
+def test_sample_saving_extrapolates_a_random_sample_of_tiles(model, monkeypatch):
+    """sample_saving: SAMPLE_TILES tiles drawn by numpy's generator of seed 0, their gains max(0, seed
+    codec - model) scaled to all tiles, the tiles with a gain likewise, and the upper end SAMPLE_Z
+    standard errors of that total above it (finite population); where the sample is every tile, the
+    expected saving itself."""
+    src = [images.from_array(_gradient(96, 320))]  # 30 tiles of 32px
+    seed_bits = np.arange(30) * 10.0
+    model_bits = np.where(np.arange(30) % 3 == 0, 0.0, 1e6)  # every third tile saves its seed bits
+    monkeypatch.setattr(api, "SAMPLE_TILES", 8)
+    asked = _gains(model, monkeypatch, seed_bits, model_bits)
+    sv = api.sample_saving(src, model, api.default_stream_settings(model, 32))
+    pick = np.sort(np.random.default_rng(0).choice(30, 8, replace=False))
+    assert np.array_equal(asked[0], pick)
+    gain = np.maximum(0, seed_bits[pick] - model_bits[pick])
+    se = 30 * gain.std(ddof=1) / np.sqrt(8) * np.sqrt(1 - 8 / 30)
+    assert sv.sampled == 8 and sv.bits == pytest.approx(30 / 8 * gain.sum())
+    assert sv.tiles == round(30 / 8 * (gain > 0).sum()) and sv.upper == pytest.approx(sv.bits + api.SAMPLE_Z * se)
+    assert sv.needed == pytest.approx(api.expected_saving(np.ones(30), np.where(np.arange(30) < sv.tiles, 0, 2)).needed)
+    monkeypatch.setattr(api, "SAMPLE_TILES", 64)
+    sv = api.sample_saving(src, model, api.default_stream_settings(model, 32))
+    full = api.expected_saving(seed_bits, model_bits)
+    assert np.array_equal(asked[1], np.arange(30)) and sv.sampled == 30
+    assert (sv.bits, sv.tiles, sv.needed, sv.upper) == (pytest.approx(full.bits), full.tiles, pytest.approx(full.needed), pytest.approx(full.bits))
+
+
+def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
+    """Above SAMPLE_ABOVE_PIXELS, "auto" first estimates a sample of tiles against their shares of the
+    seed codec's file: where they promise too little (a ramp), neither every tile's estimate nor the
+    seed codec's analysis of the whole image in context runs, and the file is the seed codec's, the
+    bytes "both" writes. Where they promise more (in distribution), the estimate of every tile decides
+    as before, and the file is the one compress writes without the sample."""
+    from cli import main as cli_main
+    src = [images.from_array(_in_distribution(model))]
+    plain = api.compress(src, model, "ode", SETTINGS, fallback="auto")[0]
+    monkeypatch.setattr(api, "SAMPLE_ABOVE_PIXELS", 1000)
+    real_sample = api.sample_saving
+    samples = []
+    monkeypatch.setattr(api, "sample_saving", lambda *a, **k: samples.append(real_sample(*a, **k)) or samples[-1])
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
+    assert samples[0].sampled == 4 and samples[0].bits > samples[0].needed and rep.model_saving.sampled == 0
+    assert rep.coded_by == "model" and data == plain
+    ramp = [images.from_array(_gradient())]  # 40x72: 2,880 pixels, 6 tiles
+    both = api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
+    monkeypatch.setattr(api.stream, "tile_seed_bits", lambda *a: pytest.fail("the whole image's shares"))
+    stages = []
+    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
+    assert stages == ["seed codec", "model estimate"] and rep.model_skipped == "sample"
+    sv = rep.model_saving
+    assert sv.sampled == 6 and sv.bits == sv.upper == 0 and sv.needed == api.SAVING_MIN_BITS
+    assert data == both and rep.model_bytes is None
+    assert "from 6 tiles drawn at random, the model is expected to save 0 bits (at most 0)" in cli_main._coded_by(rep)
+    monkeypatch.setattr(api, "SAMPLE_ABOVE_PIXELS", 2880)  # not above it: no sample
+    with pytest.raises(pytest.fail.Exception, match="whole image"):
+        api.compress(ramp, model, "ode", SETTINGS, fallback="auto")
+
+
 def test_auto_codes_both_where_it_cannot_estimate(model):
     """A grey image has no RGB planes to take the bound of: "auto" codes both, like "both"."""
     srcs = [images.from_array(_gradient()[..., 0])]
