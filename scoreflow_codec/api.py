@@ -412,7 +412,7 @@ SAVING_MIN_BITS = 1024.0
 
 
 # fallback "auto" on more than SAMPLE_ABOVE_PIXELS (a large photograph): before the estimate of every
-# tile, and the seed codec's analysis of the whole image in context that it compares with (about 0.8 KB
+# tile, and the seed codec's analysis of the whole image in context that it compares with (0.6 - 0.8 KB
 # a pixel), the same estimate of SAMPLE_TILES tiles drawn at random (a fixed seed: the same choice every
 # run) against their shares of the seed codec's file (sample_saving). The model's stream is not coded
 # where the saving extrapolated from them, plus SAMPLE_Z standard errors, is below what its stream adds.
