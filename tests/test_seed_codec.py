@@ -517,6 +517,31 @@ def test_least_squares_predictor_keeps_0919s_bits(version):
             st.record(c, idx, flat[c][idx], p, np.zeros(len(idx), dtype=np.int64))
 
 
+@pytest.mark.parametrize("h, w", [(1, 1), (2, 3), (7, 5), (9, 13), (4, 40)])
+def test_layout_keeps_0920s_extra_neighbours_and_window_rows(h, w):
+    """0.9.21 reads version 6's four extra least-squares neighbours from the layout (made once) and
+    keeps the window's rows for the last pixels asked (the decoder's wavefront, for every channel):
+    the same indices as 0.9.20 computed on every call (its code, copied here), N where a neighbour
+    lies outside the image, the zero row n where a window pixel does."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    lay = sc._layout(h, w)
+    j = np.arange(lay.n)
+    y, x = np.divmod(j, w)
+    for k, (dy, dx) in enumerate(sc.LS_EXTRA):
+        inside = (y + dy >= 0) & (x + dx >= 0) & (x + dx < w)
+        assert np.array_equal(lay.extra[k], np.where(inside, j + dy * w + dx, lay.nbr[0, j]))
+    st = sc._State(lay, 3, 6, ls=True)
+    window = sc._ls_window(6)
+    for idx in list(lay.steps) + [j, j[::-1].copy(), j.copy()]:
+        yy, xx = np.divmod(idx, w)
+        dy, dx = window[None, :, 0], window[None, :, 1]
+        ok = (yy[:, None] + dy >= 0) & (xx[:, None] + dx >= 0) & (xx[:, None] + dx < w)
+        want = np.where(ok, idx[:, None] + dy * w + dx, lay.n)
+        for _ in range(2):  # computed, then kept
+            assert np.array_equal(sc._ls_window_rows(st, idx), want)
+
+
 @pytest.mark.parametrize("version", [2, 6])
 def test_least_squares_predictor_by_a_slow_reference(version):
     """The least-squares sub-predictor against a direct computation per pixel: its causal window
