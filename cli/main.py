@@ -201,7 +201,7 @@ FALLBACK_OPTION = click.option(
     help="Also code the images with the package's classical seed codec alone and keep the smaller file. "
          "auto: the model's stream is coded only where the model's estimated cost (its float32 bound per tile, "
          "about a minute on a Kodak image; above 1 Mpix first on 64 tiles drawn at random, and on all only where those promise a saving) promises a smaller file than the seed codec's; both: always code both; off: the model's stream only; seed: the seed codec alone, the model not run "
-         "(a Kodak image in about 11 s instead of 40 - 140 s; the file --fallback auto writes for most photographs). A file of the model's stream "
+         "(a Kodak image in about 10 s instead of 40 - 140 s; the file --fallback auto writes for most photographs). A file of the model's stream "
          "decodes with the model it names; a seed codec file needs no model.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
 ARITH_OPTION = click.option(

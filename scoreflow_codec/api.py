@@ -286,7 +286,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     faster), whose files decode only where the kernels are the same (the machine type that made them).
 
     fallback: "off" (or False), the model's stream; "seed", the classical seed codec alone (the
-    file "both" and "auto" compare against, with no model run at all: a Kodak image in about 11 s
+    file "both" and "auto" compare against, with no model run at all: a Kodak image in about 10 s
     against 40 - 140 s); "both", also the classical seed codec alone,
     whole images as single tiles (stream.seed_only_settings), returning the smaller file, with both
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
