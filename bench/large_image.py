@@ -7,9 +7,10 @@
 The image is a Kodak photo resized (bicubic) to --size, or --image as given (cropped/resized to
 --size when given). The defaults are `sfcodec compress`'s: --model auto (the photo model above
 64x64), chain mode, --fallback auto (the seed codec's file, and the model's stream where its
-estimate promises a smaller one). Prints one JSON line: sizes, bits/dim, which coder made the file,
-encode/decode seconds, peak RSS (MiB, resource.getrusage: the high-water mark of the whole process),
-and whether the pixels matched.
+estimate promises a smaller one). Prints one JSON line: sizes, bits/dim, which coder made the file
+(and why the model's stream was not coded, where it was not: "saving", "sample", ...), encode/decode
+seconds, peak RSS (MiB, resource.getrusage: the high-water mark of the whole process), and whether
+the pixels matched.
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
         "steps": header["settings"].get("steps", api.FORMAT_DEFAULTS[args.mode]["steps"]),
         "threads": torch.get_num_threads(), "device": args.device, "tiles": header["fields"]["n_tiles"],
         "fallback": args.fallback, "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
+        "model_skipped": rep.model_skipped,  # why the model's stream was not coded (api.CompressReport)
         "file_bytes": len(data), "bpd": round(rep.bpd, 4), "encode_s": round(enc_s, 2), "decode_s": round(dec_s, 2),
         "peak_rss_mib_after_load": round(rss_start, 1), "peak_rss_mib_encode": round(rss_enc, 1),
         "peak_rss_mib": round(_peak_rss_mib(), 1), "identical": identical,
