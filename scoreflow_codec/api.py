@@ -1,8 +1,14 @@
 """What the shells call: compress, decompress, info, evaluate.
 
     model = zoo.load_model("cifar10")
-    data, report = api.compress([images.load_image("a.png")], model, mode="ode")
+    data, report = api.compress([images.load_image("a.png")], model)
     sources = api.decompress(data, model)        # pixel CRC checked; raises on any mismatch
+
+compress's defaults are `sfcodec compress`'s: chain mode (the discrete diffusion chain) and
+fallback "auto", so the call above writes the bytes that `sfcodec compress a.png -o a.sfc --model
+cifar10` writes (the CLI also records each file's name, src.meta["name"] = "a.png"; set it for the
+very same bytes). mode="ode" is the probability-flow ODE path (slower, and larger files with the
+shipped models); fallback="off" codes the model's stream whatever the seed codec alone would make.
 """
 from __future__ import annotations
 
@@ -269,12 +275,18 @@ def _shapes(sources: list[imgs.SourceImage]):
 
 
 @shared_analyses()  # the seed codec analyses each image once: fallback file, tile shares, seed tiles
-def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings: dict | None = None,
+def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settings: dict | None = None,
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
-             track: bool = False, fallback: bool | str = False, arith: str = DEFAULT_ARITH,
+             track: bool = False, fallback: bool | str = "auto", arith: str = DEFAULT_ARITH,
              phase: Callable[[str], None] | None = None) -> tuple[bytes, CompressReport]:
     """Code images with a loaded model into .sfc bytes.
+
+    The defaults are `sfcodec compress`'s (cli/main.py: --mode chain, --fallback auto, --arith
+    exact64, the model's tile and chain steps): with no options, the same bytes as the CLI writes
+    for the same images (with the same src.meta, which the CLI gives each file's name) and model.
+    mode: "chain" (the default), the discrete diffusion chain; "ode", the probability-flow ODE
+    (with the shipped models slower and larger). settings: the mode's (coding_settings).
 
     progress(n): n more tile-steps of the model's stream done (compress_work_units in all);
     phase(what): called as each stage starts: "seed codec" (the fallback's file), "model estimate"
@@ -285,9 +297,9 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "ode", settings
     arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x
     faster), whose files decode only where the kernels are the same (the machine type that made them).
 
-    fallback: "off" (or False), the model's stream; "seed", the classical seed codec alone (the
-    file "both" and "auto" compare against, with no model run at all: a Kodak image in about 10 s
-    against 40 - 140 s); "both", also the classical seed codec alone,
+    fallback: "auto" (the default; below); "off" (or False), the model's stream; "seed", the
+    classical seed codec alone (the file "both" and "auto" compare against, with no model run at
+    all: a Kodak image in about 10 s against 40 - 140 s); "both", also the classical seed codec alone,
     whole images as single tiles (stream.seed_only_settings), returning the smaller file, with both
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
     then the model's stream only where it promises a smaller file: with seed tiles in the image's

@@ -283,6 +283,21 @@ def test_compress_summary_and_verify_flag(image, model_a, tmp_path):
     assert "model tiny-0" in last and "[ode," in last
 
 
+def test_api_compress_defaults_are_the_cli_s(image, model_a, tmp_path, one_thread):
+    """api.compress(sources, model) with no options writes the very bytes that `sfcodec compress`
+    writes with its defaults (--mode chain, --fallback auto, exact64, the model's tile and steps):
+    the same image, the same model file, and src.meta["name"] as the CLI sets it."""
+    from scoreflow_codec import images, zoo
+
+    png, sfc = image("rgb_16x16"), tmp_path / "cli.sfc"  # one tile: a few seconds
+    assert_ok(sfcodec("compress", png, "-o", sfc, "--model", model_a, "-q"))
+    src = images.load_image(png)
+    src.meta["name"] = png.name  # the CLI records each input's file name
+    data, _ = api.compress([src], zoo.load_model(model_a))
+    assert data == sfc.read_bytes()
+    assert api.read_header(data)["mode"] == "chain"
+
+
 def test_shipped_model(shared_data, tmp_path):
     """No --model anywhere: compress picks the shipped CIFAR-10 model, decompress finds it by its
     sha256. Six CIFAR-10 test images: the sixth tile is coded by the model (chain mode)."""

@@ -62,7 +62,7 @@ def _compress_at_one_thread(model, source, micro_batch: int = 8, arith: str = "f
     torch.set_num_threads(1)
     try:
         data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, micro_batch=micro_batch,
-                               arith=arith)
+                               arith=arith, fallback="off")
     finally:
         torch.set_num_threads(n)
     return data
@@ -76,7 +76,7 @@ def encoded(model, source):
 
 @pytest.fixture(scope="module")
 def exact_file(model, source):
-    data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM)
+    data, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=STREAM, fallback="off")
     return data
 
 
@@ -121,11 +121,11 @@ def test_header_settings_are_relative_to_the_frozen_format_defaults(model, sourc
     assert api.default_settings("chain")["kappa_top"] == 2 and api.FORMAT_DEFAULTS["chain"]["kappa_top"] == 0
     # (the float32 arithmetic: the header's rules are the same for both, and it is 4x faster)
     at_64, _ = api.compress([source], model, "chain", {"steps": 64, "schedule": "logsnr", "kappa_top": 0},
-                            stream_settings=STREAM, arith="float32")
+                            stream_settings=STREAM, arith="float32", fallback="off")
     h = api.read_header(at_64)
     assert h["settings"] == {} and api.full_settings(h)[0]["steps"] == 64
     api.check_identical([source], api.decompress(at_64, model))
-    default, _ = api.compress([source], model, "chain", stream_settings=STREAM, arith="float32")
+    default, _ = api.compress([source], model, "chain", stream_settings=STREAM, arith="float32", fallback="off")
     assert api.read_header(default)["settings"] == {"steps": 128, "schedule": "calibrated", "kappa_top": 2}
     api.check_identical([source], api.decompress(default, model))
 
@@ -138,11 +138,11 @@ def test_a_model_may_bring_its_own_default_chain_steps(model, source):
     own.chain_steps = 24
     assert api.default_settings("chain", own)["steps"] == 24 and api.default_settings("chain", model)["steps"] == 128
     assert api.default_settings("ode", own)["steps"] == api.default_settings("ode")["steps"] == 128
-    data, _ = api.compress([source], own, "chain", stream_settings=STREAM, arith="float32")
+    data, _ = api.compress([source], own, "chain", stream_settings=STREAM, arith="float32", fallback="off")
     assert api.read_header(data)["settings"]["steps"] == 24
     assert api.compress_work_units([source], own, "chain") == 23 * 2
     api.check_identical([source], api.decompress(data, model))
-    told, _ = api.compress([source], own, "chain", SETTINGS, stream_settings=STREAM, arith="float32")
+    told, _ = api.compress([source], own, "chain", SETTINGS, stream_settings=STREAM, arith="float32", fallback="off")
     assert api.read_header(told)["settings"]["steps"] == SETTINGS["steps"]
 
 
@@ -151,7 +151,8 @@ def test_growth_batching_files_still_decode(encoded, model, source):
     the fixed growth schedule, and they decode as such. New files name "bits"."""
     assert api.FORMAT_DEFAULTS["stream"]["batching"] == "growth" and StreamSettings().batching == "bits"
     assert api.read_header(encoded)["stream"] == {"n_seed": 1, "batching": "bits", "seed": LATEST_SEED}
-    old, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=StreamSettings(n_seed=1, batching="growth"))
+    old, _ = api.compress([source], model, "chain", SETTINGS, stream_settings=StreamSettings(n_seed=1, batching="growth"),
+                          fallback="off")
     assert api.read_header(old)["stream"] == {"n_seed": 1, "seed": LATEST_SEED}
     api.check_identical([source], api.decompress(old, model))
 
@@ -180,7 +181,8 @@ def test_progress_ticks_add_up_to_the_work_units(model):
     seed codec)."""
     noise = images.from_array(np.random.default_rng(0).integers(0, 256, (32, 128, 3)).astype(np.uint8))
     ticks, back = [], []
-    data, rep = api.compress([noise], model, "chain", SETTINGS, progress=ticks.append, stream_settings=StreamSettings())
+    data, rep = api.compress([noise], model, "chain", SETTINGS, progress=ticks.append, stream_settings=StreamSettings(),
+                            fallback="off")
     assert 0 < rep.stream.n_seed < rep.stream.n_tiles == 4
     assert sum(ticks) == api.compress_work_units([noise], model, "chain", SETTINGS) == 15 * 4
     api.check_identical([noise], api.decompress(data, model, progress=back.append))
@@ -198,8 +200,9 @@ def test_real_codecs_pop_no_padding(model, mode):
     src = images.from_array(arr)
     st = {"steps": 4} if mode == "ode" else SETTINGS
     # the float32 arithmetic (4x faster): the deficits do not depend on the arithmetic
-    _, bits = api.compress([src], model, mode, st, stream_settings=StreamSettings(), arith="float32")
-    _, growth = api.compress([src], model, mode, st, stream_settings=StreamSettings(batching="growth"), arith="float32")
+    _, bits = api.compress([src], model, mode, st, stream_settings=StreamSettings(), arith="float32", fallback="off")
+    _, growth = api.compress([src], model, mode, st, stream_settings=StreamSettings(batching="growth"), arith="float32",
+                              fallback="off")
     assert bits.stream.pad_consumed_bits <= 64 < 4096 < growth.stream.pad_consumed_bits
     assert bits.stream.n_seed < bits.stream.n_tiles == 10
 

@@ -41,7 +41,7 @@ def _gradient(h=40, w=72) -> np.ndarray:
 
 def _both(model, arr):
     src = [images.from_array(arr)]
-    alone, rep0 = api.compress(src, model, "ode", SETTINGS)
+    alone, rep0 = api.compress(src, model, "ode", SETTINGS, fallback="off")
     data, rep = api.compress(src, model, "ode", SETTINGS, fallback="both")
     assert rep0.seed_bytes is None and rep0.model_bytes == len(alone)
     # the model's stream is coded the same way with or without the fallback
@@ -106,7 +106,7 @@ def test_a_seed_only_file_names_no_model_and_decodes_without_one(model):
     assert rep.header_bytes <= 28 + 60, rep.header_bytes  # 163 bytes with the model and setup (0.5.0)
     api.check_identical(src, api.decompress(data, None))
     api.check_identical(src, api.decompress(data, model))  # a model given is not used
-    coded, rep = api.compress([images.from_array(_in_distribution(model))], model, "ode", SETTINGS)
+    coded, rep = api.compress([images.from_array(_in_distribution(model))], model, "ode", SETTINGS, fallback="off")
     assert rep.coded_by == "model" and api.needs_model(container.unpack(coded)[0])
     with pytest.raises(ModelMismatchError, match="needs that model"):
         api.decompress(coded, None)
@@ -148,7 +148,7 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
     assert stages == ["seed codec", "model estimate", "model stream"]
     assert rep.model_saving.tiles == 4 and rep.model_saving.bits > 2 * rep.model_saving.needed
     assert rep.coded_by == "model" and rep.model_skipped is None and rep.model_estimate is None
-    assert data == api.compress(src, model, "ode", SETTINGS)[0]
+    assert data == api.compress(src, model, "ode", SETTINGS, fallback="off")[0]
     ramp = [images.from_array(_gradient())]
     ticks = []
     stages.clear()
@@ -483,8 +483,8 @@ def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
     t[6:] = _gradient(32, 32).transpose(2, 0, 1)
     arr = np.ascontiguousarray(np.concatenate([np.concatenate(list(t[r * 4:r * 4 + 4]), 2) for r in (0, 1)], 1).transpose(1, 2, 0))
     src = [images.from_array(arr)]
-    first, rep_f = api.compress(src, model, "chain", SETTINGS, stream_settings=api.stream.StreamSettings())
-    chosen, rep_c = api.compress(src, model, "chain", SETTINGS, track=True)
+    first, rep_f = api.compress(src, model, "chain", SETTINGS, stream_settings=api.stream.StreamSettings(), fallback="off")
+    chosen, rep_c = api.compress(src, model, "chain", SETTINGS, track=True, fallback="off")
     assert container.unpack(chosen)[0]["stream"]["seed_tiles"] == "chosen"
     assert "seed_tiles" not in container.unpack(first)[0]["stream"]  # the format default, "first"
     for data in (first, chosen):
@@ -501,7 +501,8 @@ def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
     from scoreflow_codec.errors import SfcError
 
     with pytest.raises(SfcError, match="seed_tiles 'chosen' needs batching 'bits'"):  # refused before any work
-        api.compress(src, model, "chain", SETTINGS, stream_settings=replace(api.default_stream_settings(model), batching="growth"))
+        api.compress(src, model, "chain", SETTINGS, stream_settings=replace(api.default_stream_settings(model), batching="growth"),
+                     fallback="off")
     (tmp_path / "c.sfc").write_bytes(chosen)
     r = CliRunner().invoke(cli, ["info", str(tmp_path / "c.sfc")], prog_name="sfcodec")
     assert r.exit_code == 0 and f"{rep_c.stream.n_seed} seed tiles, chosen by the encoder, coded in the image's context" \
