@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    from scoreflow_codec.threads import spin_briefly
+
+    spin_briefly()  # as sfcodec does, before torch loads
 
     import torch
 

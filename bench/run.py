@@ -180,6 +180,9 @@ def _progress(total: int, desc: str):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from scoreflow_codec.threads import spin_briefly
+
+    spin_briefly()  # as sfcodec does, before torch loads
     if args.threads:
         import torch
 

@@ -460,6 +460,9 @@ def models():
 
 
 def main() -> None:
+    from scoreflow_codec.threads import spin_briefly
+
+    spin_briefly()  # before anything loads torch: a busy core otherwise slows network calls 10 - 30x
     cli(prog_name="sfcodec")
 
 
