@@ -11,7 +11,7 @@ at one thread, and `sfcodec compress` of kodim05's 256x256 centre 361 s against 
 Spinning only SPIN_COUNT turns (GOMP_SPINCOUNT) keeps most of what spinning buys on an idle
 machine and bounds the loss on a busy one (the same machine; the exact forward is `bench/exact_forward.py
 --model photo --tile 64 --threads 2 --repeat 2`, best of two; the compress is `sfcodec compress` with
-the defaults, no verify, the mean of two runs, of one where the default took six minutes):
+the defaults and --no-verify, the mean of two runs, one run for the default with a core busy):
 
 | GOMP_SPINCOUNT | exact forward, 4 / 16 tiles, idle | the same, one core busy | the 256x256 compress, idle / busy |
 |---|---:|---:|---:|
@@ -20,7 +20,7 @@ the defaults, no verify, the mean of two runs, of one where the default took six
 | **10,000** | 0.19 / 0.75 s | 0.92 / 3.07 s | 25.9 / 71 s |
 | 3,000 | 0.22 / 0.82 s | 0.55 / 2.00 s | 24.8 / 47.5 s |
 | 0 (OMP_WAIT_POLICY=PASSIVE) | 0.37 / 1.23 s | 0.35 / 1.45 s | 36.9 / 41 s |
-| one thread | 0.32 / 1.41 s | 0.32 / 1.41 s | 37.1 / 37.4 s |
+| one thread | 0.32 / 1.35 s | 0.32 / 1.41 s | 37.1 / 37.4 s |
 
 OpenMP reads these variables once, when torch's runtime loads, so they must be set before
 `import torch`. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept; on a machine busy with
