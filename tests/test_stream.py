@@ -11,7 +11,7 @@ from scoreflow_codec.coding import distributions as dist
 from scoreflow_codec.coding import stream
 from scoreflow_codec.coding import tiles as T
 from scoreflow_codec.coding.ans import Message
-from scoreflow_codec.coding.seed_codec import seed_bits
+from scoreflow_codec.coding.seed_codec import LATEST, _ls_mode_bits, _plane_mode_bits, seed_bits
 from scoreflow_codec.coding.stream import StreamImage, StreamSettings
 
 DEFICIT = 6  # bits per dim the fake codec pops before it pushes
@@ -302,7 +302,8 @@ def test_seed_tiles_in_the_image_context_round_trip_and_cost_what_they_say():
         est[cheap] = own[context][cheap] + 1.0
         payload, fields, rep, chosen, shapes = _chosen_stream(imgs, st, own[context], est, cheap)
     seed_images = {refs[i].image: imgs[refs[i].image].color.shape[0] for i in np.flatnonzero(chosen)}
-    assert rep.seed_bits <= own["image"][chosen].sum() + sum(1 + 2 * c for c in seed_images.values())
+    flags = sum(_ls_mode_bits(LATEST) + c + (c - 1) * _plane_mode_bits(LATEST) for c in seed_images.values())
+    assert rep.seed_bits <= own["image"][chosen].sum() + flags + 1e-6
     assert own["image"][chosen].sum() < own["tile"][chosen].sum()
     # decoded as "tile" (the header's seed_context lost), the same payload does not come back
     with pytest.raises(Exception):
