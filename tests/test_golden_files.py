@@ -80,8 +80,15 @@ def test_golden_files_exist():
     h6, f2 = ((GOLDEN / f"{n}.sfc").read_bytes() for n in ("seed-h6", "seed-f2"))
     assert np.array_equal(_pngs(GOLDEN / "seed-h6.sfc")[0], _pngs(GOLDEN / "seed-f2.sfc")[0])
     assert len(h6) - len(f2) == 26 and container.unpack(h6)[1].tobytes() == container.unpack(f2)[1].tobytes()
-    # seed codec versions: 1 (no `seed` in the header), 2, 3, 4 and 5 (seed-x5: both images in its LZMA mode)
-    assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4, 5}
+    # seed codec versions: 1 (no `seed` in the header), 2, 3, 4, 5 (seed-x5: both images in its LZMA
+    # mode) and 7 (seed-x7: version 7's mixed mode in blue, red in the difference mode; version 6 has
+    # its pinned bitstream in test_seed_codec)
+    assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4, 5, 7}
+    from scoreflow_codec.coding.seed_codec import _choose, _layout
+
+    for png in _pngs(GOLDEN / "seed-x7.sfc"):
+        planes = np.ascontiguousarray(np.moveaxis(png, -1, 0))
+        assert [p.mode for p in _choose(planes, _layout(*planes.shape[1:]), 7)[2][1:]] == [1, 2]
     # the chain's factors on its top network calls: none before 0.9.13, two since
     chains = [api.read_header(p.read_bytes()) for p in FILES if not p.stem.startswith("seed-")]
     assert {api.full_settings(h)[0]["kappa_top"] for h in chains if h["mode"] == "chain"} == {0, 2}  # 2 since 0.9.13

@@ -80,6 +80,9 @@ CASES = {
     # 0.9.13: the encoder's factors on the top two network calls (chain_codec, kappa_top 2),
     # photo-x4's model
     "photo-x5": ("photo", [(192, 128)], ["--no-fallback", "--steps", "16"]),
+    # 0.9.23: seed codec version 7, its mixed mode (on these images red in the difference mode, blue
+    # mixed with the blend)
+    "seed-x7": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "chroma"),
 }
 
 
