@@ -120,7 +120,7 @@ class CompressReport:
     predicted_bits: float
     seconds: float
     stream: stream.StreamReport
-    settings: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # the mode's (fallback "seed": the caller's; its file holds none)
     model_bytes: int | None = None  # the file the model's stream makes (None: not coded)
     seed_bytes: int | None = None   # the file the seed codec alone makes (compress(fallback=...))
     model_estimate: Estimate | None = None  # fallback "auto": the model's bound that decided
@@ -299,7 +299,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
 
     fallback: "auto" (the default; below); "off" (or False), the model's stream; "seed", the
     classical seed codec alone (the file "both" and "auto" compare against, with no model run at
-    all: a Kodak image in about 10 s against 40 - 140 s); "both", also the classical seed codec alone,
+    all and no torch imported: model may be None; a Kodak image in about 16 s against about 40 s); "both", also the classical seed codec alone,
     whole images as single tiles (stream.seed_only_settings), returning the smaller file, with both
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
     then the model's stream only where it promises a smaller file: with seed tiles in the image's
@@ -315,12 +315,12 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     fallback = {False: "off", True: "auto"}.get(fallback, fallback)
     if fallback not in ("off", "auto", "both", "seed"):
         raise SfcError(f"unknown fallback {fallback!r}; expected off, auto, both or seed")
-    import torch
-
+    seed_alone = fallback == "seed"  # no model runs: no torch, no network, the model unused (may be None)
     if not sources:
         raise SfcError("nothing to compress")
     t0 = time.perf_counter()
-    settings = coding_settings(mode, model, settings)
+    # the seed codec's file holds no mode settings (_pack): the caller's are only checked
+    settings = dict(settings or {}) if seed_alone else coding_settings(mode, model, settings)
     ss = stream_settings or default_stream_settings(model)
     sources = choose_palette_coding(sources, ss.seed)
     micro_batch = micro_batch or default_micro_batch(ss.tile)
@@ -336,22 +336,26 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
         raise SfcError(str(e)) from None
     if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
-    _check_arith(arith, device)
-    try:
-        codec = _build_codec(model, mode, settings, micro_batch, device, arith)
-    except TypeError as e:
-        raise SfcError(f"{e}; use arith='float32'") from None
+    _check_arith(arith, None if seed_alone else device)
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
-    head = {
-        "codec": __version__,
-        "model": {"name": model.name, "sha256": model.sha256},
-        "mode": mode,
-        "setup": {"device": _device_class(device), "dtype": arith, "micro_batch": micro_batch,
-                  "torch": torch.__version__, "threads": torch.get_num_threads(),
-                  "constriction": _constriction_version()},
-        "images": _describe_images(sources),
-        "crc32": _images_crc(sources),
-    }
+    if seed_alone:  # a seed-only file's header names no model and no setup (_pack)
+        codec, head = stream.NO_MODEL, {"codec": __version__, "mode": mode}
+    else:
+        import torch
+
+        try:
+            codec = _build_codec(model, mode, settings, micro_batch, device, arith)
+        except TypeError as e:
+            raise SfcError(f"{e}; use arith='float32'") from None
+        head = {
+            "codec": __version__,
+            "model": {"name": model.name, "sha256": model.sha256},
+            "mode": mode,
+            "setup": {"device": _device_class(device), "dtype": arith, "micro_batch": micro_batch,
+                      "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "constriction": _constriction_version()},
+        }
+    head.update(images=_describe_images(sources), crc32=_images_crc(sources))
     meta = {str(i): s.meta for i, s in enumerate(sources) if s.meta}
     if meta:
         head["meta"] = meta
@@ -408,7 +412,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
         if best is None or model_bytes <= len(best[0]):
             best = (data, payload, rep)
     elif progress:  # the model's stream was skipped: its work is done
-        progress(compress_work_units(sources, model, mode, settings, ss))
+        progress(compress_work_units(sources, model, mode, settings, ss, fallback))
     data, payload, rep = best
     report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
                             rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes,
@@ -873,10 +877,11 @@ def _constriction_version() -> str:
         return "unknown"
 
 
-def _check_arith(arith: str, device: str) -> None:
+def _check_arith(arith: str, device: str | None) -> None:
+    """The arithmetic's name, and (device given) that exact64 runs on the CPU."""
     if arith not in ARITHMETICS:
         raise SfcError(f"unknown arithmetic {arith!r}; expected one of {', '.join(ARITHMETICS)}")
-    if arith == "exact64" and _device_class(device) != "cpu":
+    if device is not None and arith == "exact64" and _device_class(device) != "cpu":
         raise SfcError("the exact arithmetic runs on the CPU only: use --device cpu (or --arith float32 on "
                        f"{_device_class(device)}, whose files then decode only there)")
 
@@ -931,8 +936,11 @@ def work_units(header: dict) -> int:
 
 
 def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, settings: dict | None = None,
-                        stream_settings: stream.StreamSettings | None = None) -> int:
-    """Progress ticks (solver steps x tiles) of compressing these images."""
+                        stream_settings: stream.StreamSettings | None = None, fallback: str = "auto") -> int:
+    """Progress ticks (solver steps x tiles) of compressing these images; with fallback "seed" (no model
+    runs) one, ticked when the file is done."""
+    if fallback == "seed":
+        return 1
     settings = coding_settings(mode, model, settings)
     ss = stream_settings or default_stream_settings(model)
     shapes = [s.color.shape if s.color is not None else (0, 0, 0) for s in sources]

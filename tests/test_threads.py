@@ -35,13 +35,14 @@ _VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 
 
 def _probe(tmp_path, **user):
-    """sfcodec verify of a small image with the --fallback seed (it loads torch all the same), the
-    user's environment holding `user` of OpenMP's variables and none of the others."""
+    """sfcodec verify of a small image with --fallback seed and a model named (which loads torch; with
+    --model auto it would not, since 0.9.23), the user's environment holding `user` of OpenMP's
+    variables and none of the others."""
     img = tmp_path / "a.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(img)
     env = {k: v for k, v in os.environ.items() if k not in _VARS}
     env.update(user)
-    out = subprocess.run([sys.executable, "-c", _PROBE, "verify", str(img), "--fallback", "seed"],
+    out = subprocess.run([sys.executable, "-c", _PROBE, "verify", str(img), "--fallback", "seed", "--model", "cifar10"],
                          capture_output=True, text=True, env=env, timeout=600)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen.get("exit") in (0, None), out.stderr
