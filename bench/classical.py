@@ -229,6 +229,8 @@ CODECS: list[ClassicalCodec] = [
                    functools.partial(_seed_encode, version=3), functools.partial(_seed_decode, version=3)),
     ClassicalCodec("sfc-seed-4", "the seed codec's version 4 (files of 0.5.0 - 0.8.0)",
                    functools.partial(_seed_encode, version=4), functools.partial(_seed_decode, version=4)),
+    ClassicalCodec("sfc-seed-6", "the seed codec's version 6 (files of 0.9.17 - 0.9.22)",
+                   functools.partial(_seed_encode, version=6), functools.partial(_seed_decode, version=6)),
 ]
 BY_NAME = {c.name: c for c in CODECS}
 
