@@ -138,13 +138,15 @@ pixel by pixel instead of once per channel; and where both are unsure the mixtur
 mixture's counts are exact integers, w T_b S_d + (64 - w) T_d S_b (S: each table's sum, below 2**23
 with the halving; planes wider than MIX_MAX_WIDTH, 65,536 pixels, never mix). Measured before
 building it (encoder's codelengths from version 6's per-pixel bits, the 2-core Intel Xeon): the 24
-Kodak images 2.7770 -> 2.7265 bits/dim (-1.8%, each image smaller, -0.016 to -0.092); the weights'
-window against 4 or 12 neighbours (-0.023 / -0.036 on 7 images where the 36 give -0.041), sharpness
-0.15 - 0.3 within 0.002, weights in 1/16 or 1/256 within 0.0005; weights from summed absolute errors
-instead of codelengths lose (+0.010 against the per-channel choice); mixing the three least-squares
-options' blends as well -0.002 (not worth computing three blends in the decoder). The first 100
-CIFAR-10 test images: 3.8569 -> 3.8526. A Kodak image decodes in about 11 s instead of 7 s (two sets
-of tables for red and blue).
+Kodak images 2.7770 -> 2.7265 bits/dim (-1.8%, each image smaller, -0.016 to -0.092); the weights
+from 4 or 8 neighbours -0.026 / -0.032 on 7 images where the 36 give -0.041 (radius 5's 54: -0.042),
+sharpness 0.15 - 0.3 within 0.0025, weights in 1/16 or 1/256 within 0.0005; weights from summed
+absolute errors instead of codelengths lose (+0.010 against the per-channel choice); mixing the
+three least-squares options' blends as well -0.002 (not worth computing three blends in the
+decoder). The first 100 CIFAR-10 test images: 3.8569 -> 3.8526 (ideal codelengths). Measured, the
+files (`sfcodec compress --fallback seed`, every one decoded): the 24 Kodak images 2.727 bits/dim
+against 2.778 for version 6, each smaller; decoding one takes about 11 s instead of 7 - 8 s (two
+sets of tables for red and blue; docs/RESULTS.md, 0.9.23).
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
