@@ -510,35 +510,12 @@ def test_chosen_seed_tiles_leave_the_seed_codec_s_tiles_to_it(model, tmp_path):
         in r.stdout, r.stdout
 
 
-# sfcodec's entry point in a fresh process, recording whether torch is ever imported
-_TORCH_PROBE = r"""
-import json, sys
-seen = {"torch": False}
-class Spy:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            seen["torch"] = True
-        return None
-sys.meta_path.insert(0, Spy())
-from cli import main as m
-sys.argv = ["sfcodec"] + sys.argv[1:]
-try:
-    m.main()
-except SystemExit as e:
-    seen["exit"] = e.code
-print(json.dumps(seen))
-"""
-
-
 def test_cli_fallback_seed_loads_neither_torch_nor_a_model(tmp_path):
     """`sfcodec compress --fallback seed` (with --model auto) runs no model, so it imports no torch and
     loads no model (0.9.23: a small image in about 1.3 s and 160 MB instead of 3.4 s and 370 MB): the
     same file as api.compress with the shipped model loaded, which decodes without one; with a model
     named explicitly torch loads (the probe sees an import when there is one)."""
-    import json
-    import subprocess
-    import sys
-
+    import sfcodec_probe
     from scoreflow_codec import zoo
 
     arr = _gradient(40, 56)
@@ -546,9 +523,8 @@ def test_cli_fallback_seed_loads_neither_torch_nor_a_model(tmp_path):
     runs = {}
     for extra in ([], ["--model", "cifar10"]):
         out = tmp_path / f"a{len(extra)}.sfc"
-        r = subprocess.run([sys.executable, "-c", _TORCH_PROBE, "compress", str(tmp_path / "a.png"), "-o", str(out),
-                            "--fallback", "seed"] + extra, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-        seen = json.loads(r.stdout.strip().splitlines()[-1])
+        seen, r = sfcodec_probe.run(["compress", str(tmp_path / "a.png"), "-o", str(out), "--fallback", "seed"] + extra,
+                                    cwd=tmp_path)
         assert seen.get("exit") in (0, None), r.stderr
         runs[len(extra)] = (seen["torch"], out.read_bytes(), r.stderr)
     assert runs[0][0] is False and runs[2][0] is True

@@ -1,37 +1,13 @@
 """The shells make OpenMP spin only briefly, set before torch loads (scoreflow_codec/threads.py)."""
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
+import sfcodec_probe
 from PIL import Image
 
 from scoreflow_codec import threads
 
-# Runs sfcodec's entry point in a fresh process and records OpenMP's variables as torch is first
-# imported (a meta-path finder sees the import before torch's OpenMP runtime loads).
-_PROBE = r"""
-import json, os, sys
-seen = {}
-class Spy:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" and "at_import" not in seen:
-            seen["at_import"] = {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-        return None
-sys.meta_path.insert(0, Spy())
-from cli import main as m
-sys.argv = ["sfcodec"] + sys.argv[1:]
-try:
-    m.main()
-except SystemExit as e:
-    seen["exit"] = e.code
-seen["after"] = {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-print(json.dumps(seen))
-"""
-
-
-_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+_VARS = sfcodec_probe.VARS
 
 
 def _probe(tmp_path, **user):
@@ -42,11 +18,9 @@ def _probe(tmp_path, **user):
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(img)
     env = {k: v for k, v in os.environ.items() if k not in _VARS}
     env.update(user)
-    out = subprocess.run([sys.executable, "-c", _PROBE, "verify", str(img), "--fallback", "seed", "--model", "cifar10"],
-                         capture_output=True, text=True, env=env, timeout=600)
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen, out = sfcodec_probe.run(["verify", str(img), "--fallback", "seed", "--model", "cifar10"], env=env)
     assert seen.get("exit") in (0, None), out.stderr
-    assert "at_import" in seen, "the command never loaded torch: the probe tests nothing"
+    assert seen["torch"], "the command never loaded torch: the probe tests nothing"
     return seen
 
 
