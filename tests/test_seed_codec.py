@@ -968,7 +968,8 @@ def test_version_7_mixed_counts_are_exact_at_their_largest():
     tb[:, 0] += top - tb.sum(axis=1)
     td[:, 7] += top - td.sum(axis=1) - np.arange(4)
     w = np.array([1, 2 ** sc.MIX_K - 1, 32, 5])
-    t = sc._mix_tables(tb.astype(np.float64), td.astype(np.float64), w)
+    t, sb_, sd_ = sc._mix_tables(tb.astype(np.float64), td.astype(np.float64), w)
+    assert np.array_equal(sb_, tb.sum(axis=1)) and np.array_equal(sd_, td.sum(axis=1))
     for i in range(4):
         sb, sd = int(tb[i].sum()), int(td[i].sum())
         want = [int(w[i]) * int(a) * sd + (2 ** sc.MIX_K - int(w[i])) * int(b) * sb for a, b in zip(tb[i], td[i])]

@@ -939,17 +939,18 @@ def _mix_rows(st: "_State", idx: np.ndarray) -> np.ndarray:
     return st.mix_rows[1]
 
 
-def _mix_tables(tb: np.ndarray, td: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """[n, 256] float64 counts of the mixture of the blend's tables tb and the difference mode's td,
+def _mix_tables(tb: np.ndarray, td: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """([n, 256] float64 counts, S_b, S_d [n]): the mixture of the blend's tables tb and the difference mode's td,
     the blend weighing w / 2**MIX_K: w tb S_d + (2**MIX_K - w) td S_b (S: each table's sum), exact
     integers. A row that halves past HIST_HALVE = L after each wavefront's counts (at most A = 64 x
     ceil(width / 2)) starts every wavefront at most max(L, A + 1) (by induction: a halved row holds
     ceil((T + a) / 2) <= (max(L, A + 1) + A + 1) / 2), so it holds at most L + 2A + 1 < 2**23 on planes
     at most MIX_MAX_WIDTH wide; the difference mode's coarse share adds at most DIFF_MIX. Hence S_b,
-    S_d < 2**23, and every count and the mixture's sum 2**MIX_K S_b S_d stay below 2**52."""
+    S_d < 2**23, and every count and the mixture's sum 2**MIX_K S_b S_d stay below 2**52. The sums
+    come back too: the decoder's costs read them."""
     wf = w.astype(np.float64)
     sb, sd = tb.sum(axis=1), td.sum(axis=1)
-    return tb * (wf * sd)[:, None] + td * (((1 << MIX_K) - wf) * sb)[:, None]
+    return tb * (wf * sd)[:, None] + td * (((1 << MIX_K) - wf) * sb)[:, None], sb, sd
 
 
 def _mix_bits(vb: np.ndarray, vd: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -1263,7 +1264,7 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int
                     tables.append(cc.tables(b[keep], None if cb is None else cb[keep], p[keep], sg[keep]))
             if not tables:
                 continue
-            t = tables[0] if len(tables) == 1 else _mix_tables(*tables, plans[c].weights[idx][keep])
+            t = tables[0] if len(tables) == 1 else _mix_tables(*tables, plans[c].weights[idx][keep])[0]
             _push(m, x[keep], _CATEGORICAL, t)
     if version >= 3:  # the modes of the coded channels after the first
         for c in reversed(range(1, c_)):
@@ -1326,7 +1327,7 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
                 if mixed:  # every pixel's tables: their costs weigh the pixels after them
                     tb, td = (cc.tables(*k) for cc, k in zip(counts[c], coding))
                     w = _mix_weight(st.mixd[c][_mix_rows(st, idx)].sum(axis=1))
-                    t = _mix_tables(tb, td, w)
+                    t, sb, sd = _mix_tables(tb, td, w)
                 if sel is None:
                     x = _pop(m, len(idx), _CATEGORICAL, t if mixed else counts[c][0].tables(*coding[0]))
                 else:
@@ -1336,8 +1337,7 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
                             *(None if a is None else a[sel] for a in coding[0])))
                 if mixed:
                     r = np.arange(len(idx))
-                    st.mixd[c][idx] = (_cost64(tb[r, x].astype(np.int64), tb.sum(axis=1).astype(np.int64))
-                                       - _cost64(td[r, x].astype(np.int64), td.sum(axis=1).astype(np.int64)))
+                    st.mixd[c][idx] = _cost64(tb[r, x], sb) - _cost64(td[r, x], sd)  # exact integers in float64
                 for cc, (b, cb, pr, sg) in zip(counts[c], coding):
                     cc.add(b, cb, _slot(x, pr, sg), INC)
                     cc.settle(b)
