@@ -1044,3 +1044,42 @@ def test_predicted_sizes_count_each_mode_at_its_cost():
             predicted = seed_push(m, planes, version)
             over[version].append(m.num_bits() - b0 - predicted)
     assert abs(np.mean(over[7]) - np.mean(over[6])) < 0.4, (np.mean(over[6]), np.mean(over[7]))
+
+
+def test_difference_rows_are_made_on_first_use():
+    """_Counts makes the difference mode's rows (12,348 fine, 1,500 coarse) as pixels first use them:
+    its tables, after adds and halvings, equal those of full arrays made from the prior at once (the
+    counts of 0.9.23, written out here), and it holds only the rows used (a 32x32 image's decode
+    held 25 MB of them per channel)."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    fine, coarse = sc._diff_priors(7)
+    full = np.repeat(fine.kinds, fine.per, axis=0).astype(np.int64)
+    cfull = np.repeat(coarse.kinds, coarse.per, axis=0).astype(np.int64)
+    assert full.shape == (sc.N_DIFF_CTX, 511) and cfull.shape == (sc.N_DIFF_COARSE, 511)
+    limit = 30 * sc.INC  # low, so that rows halve often
+    counts = sc._Counts(fine, coarse, halve_at=limit)
+    rng = np.random.default_rng(5)
+    seen = set()
+    for step in range(60):
+        n = int(rng.integers(1, 90))
+        rows = rng.integers(0, 400, n) * 29 % sc.N_DIFF_CTX  # spread over the levels
+        crows = rows % sc.N_DIFF_COARSE
+        p, sign = rng.integers(0, 256, n), np.where(rng.random(n) < 0.5, 1, -1)
+        x = np.clip(p + rng.integers(-6, 7, n), 0, 255)
+        lo = np.where(sign > 0, 255 - p, p)
+        want = np.stack([full[r, s:s + 256] + cfull[cr, s:s + 256] * sc.DIFF_MIX // cfull[cr].sum()
+                         for r, cr, s in zip(rows, crows, lo)])
+        want[sign < 0] = want[sign < 0, ::-1]
+        assert np.array_equal(counts.tables(rows, crows, p, sign), want.astype(np.float64))
+        slot = sign * (x - p) + 255
+        counts.add(rows, crows, slot, sc.INC)
+        np.add.at(full, (rows, slot), sc.INC)
+        np.add.at(cfull, (crows, slot), sc.INC)
+        counts.settle(rows)
+        for r in set(rows.tolist()):
+            if full[r].sum() > limit:
+                full[r] = (full[r] + 1) >> 1
+        seen |= set(rows.tolist())
+    assert counts.fine.used == len(seen) <= 400 and len(counts.hist) < 2 * len(seen)
+    assert counts.coarse.used == len({r % sc.N_DIFF_COARSE for r in seen})

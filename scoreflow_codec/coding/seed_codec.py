@@ -571,18 +571,32 @@ def _prior() -> np.ndarray:
     return out
 
 
+class _RowPrior(NamedTuple):
+    """A prior whose rows come in runs of alike ones: row r's is kinds[r // per]. _Counts makes a
+    row's counts only once a pixel uses it (the difference mode's 12,348 rows: a 32x32 image uses
+    at most 1,024 of them, a Kodak image about half)."""
+    kinds: np.ndarray  # [k, 511] the distinct rows
+    per: int           # consecutive rows alike
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.kinds) * self.per
+
+    def rows(self, r: np.ndarray) -> np.ndarray:
+        return self.kinds[r // self.per]
+
+
 @functools.lru_cache(maxsize=None)
-def _diff_prior(n_rows: int = N_DIFF_CTX, mass: int = DIFF_PRIOR_MASS) -> np.ndarray:
-    """[n_rows, 511] prior of the difference mode's rows (version 3's by default; version 4's coarse
-    rows: N_DIFF_COARSE): by the row's activity level, its leading digit. int32 (counts up to `mass`;
-    12,348 rows: 25 MB, kept once), which _Counts widens where its rows do not halve."""
-    rows = np.stack([_geometric(t, mass) for t in DIFF_THETA])
-    out = np.repeat(rows, n_rows // len(DIFF_THETA), axis=0).astype(np.int32)
-    out.setflags(write=False)
-    return out
+def _diff_prior(n_rows: int = N_DIFF_CTX, mass: int = DIFF_PRIOR_MASS) -> _RowPrior:
+    """The prior of the difference mode's rows (version 3's by default; version 4's coarse rows:
+    N_DIFF_COARSE): by the row's activity level, its leading digit. int32 (counts up to `mass`),
+    which _Counts widens where its rows do not halve."""
+    rows = np.stack([_geometric(t, mass) for t in DIFF_THETA]).astype(np.int32)
+    rows.setflags(write=False)
+    return _RowPrior(rows, n_rows // len(DIFF_THETA))
 
 
-def _diff_priors(version: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _diff_priors(version: int) -> tuple[_RowPrior, _RowPrior | None]:
     """The difference mode's priors in a version: its rows', and version 4's coarse rows' (None before)."""
     if version >= 4:
         return _diff_prior(N_DIFF_CTX, DIFF_PRIOR_MASS_4), _diff_prior(N_DIFF_COARSE)
@@ -669,43 +683,97 @@ def _halve(hist: np.ndarray, rows: np.ndarray, limit: int | None) -> tuple[np.nd
     return big, saved
 
 
+class _Rows:
+    """Histogram rows [n, 511] from a prior: all at once (an array) or, from a _RowPrior, each made
+    the first time a pixel uses it (map: rows -> their slots in hist, in order of first use). The
+    counts in a slot are those the row would hold in the full array, so the bits are the same.
+    totals: also each slot's sum (the coarse rows' scale)."""
+
+    def __init__(self, prior, dtype, totals: bool = False):
+        self.prior = prior if isinstance(prior, _RowPrior) else None
+        if self.prior is None:
+            self._set(prior.astype(dtype))
+        else:
+            self.slot = np.full(self.prior.n_rows, -1, dtype=np.int64)
+            self.used = 0
+            self._set(np.zeros((64, self.prior.kinds.shape[1]), dtype))
+        self.total = self.hist.sum(axis=1) if totals else None
+
+    def _set(self, hist: np.ndarray) -> None:
+        self.hist = hist
+        self.windows = sliding_window_view(hist, 256, axis=1)
+
+    def map(self, rows: np.ndarray) -> np.ndarray:
+        """The slots of `rows` (row numbers), making the rows not used before from the prior."""
+        if self.prior is None:
+            return rows
+        s = self.slot[rows]
+        if (s >= 0).all():
+            return s
+        fresh = np.unique(rows[s < 0])
+        lo, hi = self.used, self.used + len(fresh)
+        if hi > len(self.hist):  # grow by doubling (at most every row)
+            grown = np.empty((min(max(2 * len(self.hist), hi), self.prior.n_rows), self.hist.shape[1]),
+                             self.hist.dtype)
+            grown[:lo] = self.hist[:lo]
+            self._set(grown)
+            if self.total is not None:
+                self.total = np.concatenate([self.total[:lo], np.zeros(len(grown) - lo, self.total.dtype)])
+        self.hist[lo:hi] = self.prior.rows(fresh)
+        if self.total is not None:
+            self.total[lo:hi] = self.hist[lo:hi].sum(axis=1)
+        self.slot[fresh] = np.arange(lo, hi)
+        self.used = hi
+        return self.slot[rows]
+
+
 class _Counts:
     """The adaptive counts one plane is coded with: rows of residual histograms (integer counts)
     and, in version 4's difference mode, coarse rows whose window is added to a pixel's row scaled
     to DIFF_MIX in total (integer floor division: exact on every machine). halve_at (version 6's
     blend rows, version 7's difference-mode rows): settle() halves a row past that total. Rows that
-    halve stay far below 2**31 (_mix_tables' bound), so they are kept in int32: version 7's
-    difference mode in 25 MB a plane instead of 50 (12,348 rows of 511), the same bits."""
+    halve stay far below 2**31 (_mix_tables' bound), so they are kept in int32, the same bits. The
+    difference mode's rows (12,348 fine, 1,500 coarse: 25 + 6 MB a plane) are made as pixels first
+    use them (_Rows), so a small image holds only those it uses. Every method takes row numbers;
+    hist and settle()'s rows are in slots (fine_slots)."""
 
-    def __init__(self, prior: np.ndarray, cprior: np.ndarray | None = None, halve_at: int | None = None):
-        self.hist = prior.astype(np.int32 if halve_at is not None else np.int64)
+    def __init__(self, prior, cprior=None, halve_at: int | None = None):
+        self.fine = _Rows(prior, np.int32 if halve_at is not None else np.int64)
         self.halve_at = halve_at
-        self.windows = sliding_window_view(self.hist, 256, axis=1)
-        self.coarse = None if cprior is None else cprior.astype(np.int64)  # its windows x DIFF_MIX need 64 bits
-        if self.coarse is not None:
-            self.cwindows = sliding_window_view(self.coarse, 256, axis=1)
-            self.ctotal = self.coarse.sum(axis=1)
+        self.coarse = None if cprior is None else _Rows(cprior, np.int64, totals=True)  # x DIFF_MIX: 64 bits
+
+    @property
+    def hist(self) -> np.ndarray:
+        return self.fine.hist
+
+    def fine_slots(self, rows: np.ndarray) -> np.ndarray:
+        return self.fine.map(rows)
 
     def tables(self, rows: np.ndarray, crows: np.ndarray | None, p: np.ndarray, sign: np.ndarray) -> np.ndarray:
         """[n, 256] float64 counts of x = 0..255 around p (_tables, plus the coarse rows' share)."""
+        rows = self.fine.map(rows)
         if self.coarse is None:
-            return _tables(self.windows, rows, p, sign)
+            return _tables(self.fine.windows, rows, p, sign)
+        crows = self.coarse.map(crows)
         lo = _start(p, sign)
-        t = self.windows[rows, lo] + self.cwindows[crows, lo] * DIFF_MIX // self.ctotal[crows, None]
+        t = self.fine.windows[rows, lo] + self.coarse.windows[crows, lo] * DIFF_MIX // self.coarse.total[crows, None]
         flip = sign < 0
         if flip.any():
             t[flip] = t[flip, ::-1]
         return t.astype(np.float64)
 
     def add(self, rows: np.ndarray, crows: np.ndarray | None, slot: np.ndarray, inc: int) -> None:
-        np.add.at(self.hist, (rows, slot), inc)
+        rows = self.fine.map(rows)  # first: a new row may grow hist
+        np.add.at(self.fine.hist, (rows, slot), inc)
         if self.coarse is not None:
-            np.add.at(self.coarse, (crows, slot), inc)
-            np.add.at(self.ctotal, crows, inc)
+            crows = self.coarse.map(crows)
+            np.add.at(self.coarse.hist, (crows, slot), inc)
+            np.add.at(self.coarse.total, crows, inc)
 
     def settle(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """After a wavefront's add: halve its rows past halve_at (_halve)."""
-        return _halve(self.hist, rows, self.halve_at)
+        """After a wavefront's add: halve its rows past halve_at (_halve); the halved rows as slots."""
+        rows = self.fine.map(rows)
+        return _halve(self.fine.hist, rows, self.halve_at)
 
 
 def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_known: list | None = None):
@@ -803,10 +871,11 @@ def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = Fal
             counts.add(b, cb, _slot(xi, p, sg), INC)
             counts.settle(b)
         return (out, c64) if cost else out
-    hist = plan.counts().hist  # the prior, in the counts' type
-    few = len(hist) <= N_BINS  # few rows: cumulate them all; many: only the rows in use
+    counts = plan.counts()
+    few = counts.fine.prior is None and len(counts.hist) <= N_BINS  # few rows: cumulate them all
     for idx in lay.steps:
-        b, p, sg = plan.rows[idx], plan.centres[idx], plan.signs[idx]
+        b, p, sg = counts.fine_slots(plan.rows[idx]), plan.centres[idx], plan.signs[idx]
+        hist = counts.hist  # after the slots: it may have grown
         lo, slot = _start(p, sg), _slot(x[idx], p, sg)
         h, r = (hist, b) if few else (hist[b], np.arange(len(idx)))
         cum = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
