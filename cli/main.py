@@ -167,9 +167,10 @@ def _coded_by(rep) -> str:
         return (f"seed codec alone; the model's stream was not coded: the model is expected to save "
                 f"{sv.bits:.0f} bits on {sv.tiles} tile(s), less than the {sv.needed:.0f} its stream adds "
                 f"(--fallback both codes it anyway)")
-    if rep.model_skipped == "sample":
+    if rep.model_skipped in ("sample", "screen"):
         sv = rep.model_saving
-        return (f"seed codec alone; the model's stream was not coded: from {sv.sampled} tiles drawn at random, "
+        look = "a quick look at" if rep.model_skipped == "screen" else "from"
+        return (f"seed codec alone; the model's stream was not coded: {look} {sv.sampled} tiles drawn at random, "
                 f"the model is expected to save {sv.bits:.0f} bits (at most {sv.upper:.0f}), less than the "
                 f"{sv.needed:.0f} its stream adds (--fallback both codes it anyway)")
     if rep.model_skipped == "seed only":

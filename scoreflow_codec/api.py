@@ -127,7 +127,8 @@ class CompressReport:
     # why the model's stream was not coded: "estimate" (fallback "auto": the bound above the seed
     # file), "saving" (fallback "auto", seed tiles in the image's context: the tiles the model is
     # expected to code more cheaply save too little), "sample" (the same, extrapolated from a sample of
-    # tiles of a large photograph, sample_saving, even at SAMPLE_Z standard errors above), "no colour planes" (only palette index planes,
+    # tiles of a large photograph, sample_saving, even at SAMPLE_Z standard errors above), "screen" (the
+    # same from a quicker look at fewer tiles, screen_saving: photographs, streams), "no colour planes" (only palette index planes,
     # which the seed codec codes either way), "seed only" (fallback "seed": not asked for)
     model_skipped: str | None = None
     model_saving: "Saving | None" = None  # fallback "auto", seed tiles in the image's context: what decided
@@ -388,10 +389,13 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
         skipped = "estimate"
     elif ss.seed_tiles == "chosen":
         phase("model estimate")
-        if in_context and fallback == "auto" and _sample_first(sources):
-            saving = sample_saving(sources, model, ss, device, codec.excess_bits_per_dim())
-            if saving.upper < saving.needed:
-                skipped = "sample"
+        if in_context and fallback == "auto":  # quick looks first, where they apply: the screen, a sample
+            for applies, look, why in ((_screen_first(sources, ss.tile), screen_saving, "screen"),
+                                       (_sample_first(sources), sample_saving, "sample")):
+                if applies and skipped is None:
+                    saving = look(sources, model, ss, device, codec.excess_bits_per_dim())
+                    if saving.upper < saving.needed:
+                        skipped = why
         if skipped is None:
             seed_tile_bits = stream.tile_seed_bits(images, stream.T.plan_tiles([im.color_shape for im in images], ss.tile), ss)
             tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
@@ -435,6 +439,13 @@ SAVING_MIN_BITS = 1024.0
 # where the saving extrapolated from them, plus SAMPLE_Z standard errors, is below what its stream adds.
 SAMPLE_ABOVE_PIXELS, SAMPLE_TILES, SAMPLE_Z = 1 << 20, 64, 2.0
 
+# fallback "auto" on RGB images of at least SCREEN_TILES tiles in all (photographs, CIFAR-10 streams):
+# before any other estimate, a screen (screen_saving): SCREEN_TILES tiles drawn at random, each from
+# SCREEN_N_T time samples (bfloat16 where fast), each tile's gain what the full estimate is expected to
+# find given that look (SCREEN_SD_BPD: the look's standard deviation about it). The model's stream is
+# not coded where that saving, plus SCREEN_Z standard errors, is below what its stream adds.
+SCREEN_TILES, SCREEN_N_T, SCREEN_SD_BPD, SCREEN_Z = 16, 16, 0.08, 2.0
+
 
 @dataclass(frozen=True)
 class Saving:
@@ -449,6 +460,13 @@ class Saving:
 def _saving_needed(n: int, k: int) -> float:
     """SAVING_MIN_BITS plus the flags that name k seed tiles of n."""
     return SAVING_MIN_BITS + (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+
+
+def _screen_first(sources: list[imgs.SourceImage], tile: int) -> bool:
+    """Whether compress's fallback "auto" screens first (screen_saving): colour images (RGB) of at
+    least SCREEN_TILES tiles in all."""
+    rgb = all(s.color is not None and s.color.shape[0] == 3 for s in sources)
+    return rgb and len(stream.T.plan_tiles([s.color.shape for s in sources], tile)) >= SCREEN_TILES
 
 
 def _sample_first(sources: list[imgs.SourceImage]) -> bool:
@@ -472,18 +490,43 @@ def sample_saving(sources: list[imgs.SourceImage], model, ss: stream.StreamSetti
     codec's file (stream.seed_file_tile_bits: blocks of up to 1024x1024 coded alone, from the
     analyses that file made). bits and tiles: the sample's scaled to all tiles; upper: bits plus
     SAMPLE_Z standard errors of that total (finite population). Colour images only (RGB)."""
+    return _sampled_saving(sources, model, ss, device, excess_bpd, SAMPLE_TILES, None, 0.0, SAMPLE_Z)
+
+
+def screen_saving(sources: list[imgs.SourceImage], model, ss: stream.StreamSettings, device: str = "cpu",
+                  excess_bpd: float = 0.0) -> Saving:
+    """sample_saving's extrapolation from a quicker look: SCREEN_TILES tiles, each from SCREEN_N_T
+    time samples (bfloat16 where fast: tile_model_bits(look=...)), whose estimate lies within about
+    SCREEN_SD_BPD of the full one (its standard deviation): each tile's gain is what the full estimate
+    is expected to find, E max(0, D) with D ~ N(seed codec - model, SCREEN_SD_BPD x its dims), and the
+    tiles with a gain are counted by P(D > 0)."""
+    return _sampled_saving(sources, model, ss, device, excess_bpd, SCREEN_TILES, SCREEN_N_T, SCREEN_SD_BPD,
+                           SCREEN_Z)
+
+
+def _expected_gain(d: np.ndarray, sd: float) -> tuple[np.ndarray, np.ndarray]:
+    """(E max(0, D), P(D > 0)) for D ~ N(d, sd^2), elementwise; sd 0: (max(0, d), d > 0)."""
+    if sd <= 0:
+        return np.maximum(0.0, d), (d > 0).astype(np.float64)
+    u = np.asarray(d, np.float64) / sd
+    cdf = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in u])
+    return sd * (np.exp(-u * u / 2) / math.sqrt(2 * math.pi) + u * cdf), cdf
+
+
+def _sampled_saving(sources, model, ss: stream.StreamSettings, device: str, excess_bpd: float, tiles: int,
+                    look: int | None, sd_bpd: float, z: float) -> Saving:
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
     refs = stream.T.plan_tiles([im.color_shape for im in images], ss.tile)
     n = len(refs)
-    pick = np.sort(np.random.default_rng(0).choice(n, min(SAMPLE_TILES, n), replace=False))
+    pick = np.sort(np.random.default_rng(0).choice(n, min(tiles, n), replace=False))
     seed = stream.seed_file_tile_bits(images, refs, ss.seed)
-    model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick)
-    gain = np.maximum(0.0, seed[pick] - model_bits[pick])
+    model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick, look=look)
+    gain, p = _expected_gain(seed[pick] - model_bits[pick], sd_bpd * 3 * ss.tile ** 2)
     m, scale = len(pick), n / len(pick)
     se = n * float(gain.std(ddof=1)) / math.sqrt(m) * math.sqrt(1 - m / n) if 1 < m < n else 0.0
-    k = int(round(scale * int((gain > 0).sum())))
+    k = int(round(scale * float(p.sum())))
     bits = scale * float(gain.sum())
-    return Saving(bits, k, _saving_needed(n, k), m, bits + SAMPLE_Z * se)
+    return Saving(bits, k, _saving_needed(n, k), m, bits + z * se)
 
 
 FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"
@@ -551,7 +594,7 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
 
 def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: str = "cpu",
                     excess_bpd: float = 0.0, seed_bits: np.ndarray | None = None,
-                    only: np.ndarray | None = None) -> np.ndarray:
+                    only: np.ndarray | None = None, look: int | None = None) -> np.ndarray:
     """Per tile of the stream (stream.T.plan_tiles order), the bits the model's stream is expected to
     take for its colour values: (bound + excess_bpd) x the whole tile's dims (3 tile^2), the bound per
     dim of the tile edge-padded as evaluate_images pads it, with the float32 network (time samples on
@@ -579,7 +622,9 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     An estimate that steers the encoder's choice of seed tiles (stream.choose_seed_tiles), never a
     size. NaN for the tiles of grey images (their colour planes are partly latent in the model).
     only (tile indices): estimate these tiles alone (NaN elsewhere), as the whole set would estimate
-    them: the time samples and the bfloat16 first look follow the number of all tiles (sample_saving)."""
+    them: the time samples and the bfloat16 first look follow the number of all tiles (sample_saving).
+    look (time samples): one estimate from that many, in bfloat16 where it is fast, and no second
+    (screen_saving's quick look)."""
     import torch
 
     from . import likelihood, models
@@ -600,9 +645,10 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
                                        systematic=True).double().cpu().numpy()
             out[part] = (bpd + excess_bpd) * dims
 
-    n_t = max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
-    refine = seed_bits is not None and n_t < CHOICE_REFINE_N_T
-    fast = refine and models.bf16_is_fast(device)  # the first look only picks the tiles to refine
+    n_t = look or max(CHOICE_N_T_MIN, min(CHOICE_N_T, int(CHOICE_N_T * CHOICE_TILES / max(n32, 1))))
+    refine = seed_bits is not None and n_t < CHOICE_REFINE_N_T and look is None
+    # bfloat16 for a look that only picks the tiles to refine, or only screens
+    fast = (refine or look is not None) and models.bf16_is_fast(device)
     net = models.ChannelsLast(model.model)  # faster kernels; an estimate, never a file's arithmetic
     if only is not None:
         chosen = set(np.asarray(only).tolist())

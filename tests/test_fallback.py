@@ -307,21 +307,29 @@ def test_tile_model_bits_only_estimates_the_tiles_asked_for(model, monkeypatch):
     assert np.isnan(np.delete(part, [2, 5, 7])).all()
     assert np.array_equal(part[[2, 5, 7]], full[[2, 5, 7]]) and part[5] != whole[5]  # 5 and 7 estimated again
     assert sizes == [(3, 29, "Bf16"), (2, 32, "ChannelsLast")]  # 3 tiles alone would take 64 samples, once
+    sizes.clear()  # a screen's look: its own time samples, in bfloat16 where fast, and no second estimate
+    look = api.tile_model_bits(src, model, 32, excess_bpd=0.5, seed_bits=seed, only=np.array([7, 2, 5]), look=16)
+    assert sizes == [(3, 16, "Bf16")] and np.array_equal(look[[2, 5, 7]], whole[[2, 5, 7]])
+    monkeypatch.setattr(models, "bf16_is_fast", lambda dev: False)
+    sizes.clear()
+    api.tile_model_bits(src, model, 32, seed_bits=seed, only=np.array([7, 2, 5]), look=16)
+    assert sizes == [(3, 16, "ChannelsLast")]
 
 
 def _gains(model, monkeypatch, seed_bits, model_bits):
     """sample_saving with stand-ins for the seed codec's tile bits and the model's: which tiles it asked for."""
-    asked = []
+    asked, looks = [], []
     monkeypatch.setattr(api.stream, "seed_file_tile_bits", lambda ims, refs, version: np.asarray(seed_bits, float))
 
-    def tmb(sources, m, tile, device, excess, seed, only):
+    def tmb(sources, m, tile, device, excess, seed, only, look=None):
         asked.append(np.asarray(only))
+        looks.append(look)
         assert np.array_equal(seed, seed_bits)
         out = np.full(len(seed), np.nan)
         out[only] = np.asarray(model_bits, float)[only]
         return out
     monkeypatch.setattr(api, "tile_model_bits", tmb)
-    return asked
+    return asked, looks
 
 
 def test_sample_saving_extrapolates_a_random_sample_of_tiles(model, monkeypatch):
@@ -333,7 +341,7 @@ def test_sample_saving_extrapolates_a_random_sample_of_tiles(model, monkeypatch)
     seed_bits = np.arange(30) * 10.0
     model_bits = np.where(np.arange(30) % 3 == 0, 0.0, 1e6)  # every third tile saves its seed bits
     monkeypatch.setattr(api, "SAMPLE_TILES", 8)
-    asked = _gains(model, monkeypatch, seed_bits, model_bits)
+    asked, looks = _gains(model, monkeypatch, seed_bits, model_bits)
     sv = api.sample_saving(src, model, api.default_stream_settings(model, 32))
     pick = np.sort(np.random.default_rng(0).choice(30, 8, replace=False))
     assert np.array_equal(asked[0], pick)
@@ -347,6 +355,75 @@ def test_sample_saving_extrapolates_a_random_sample_of_tiles(model, monkeypatch)
     full = api.expected_saving(seed_bits, model_bits)
     assert np.array_equal(asked[1], np.arange(30)) and sv.sampled == 30
     assert (sv.bits, sv.tiles, sv.needed, sv.upper) == (pytest.approx(full.bits), full.tiles, pytest.approx(full.needed), pytest.approx(full.bits))
+
+
+def test_expected_gain_is_the_positive_part_of_a_normal():
+    """_expected_gain(d, sd): E max(0, D) and P(D > 0) for D ~ N(d, sd^2), against a million draws;
+    sd 0: max(0, d) and d > 0."""
+    rng = np.random.default_rng(3)
+    d = np.array([-3000.0, -900.0, -100.0, 0.0, 450.0, 2500.0])
+    gain, p = api._expected_gain(d, 983.0)
+    draws = d[:, None] + 983.0 * rng.standard_normal((1, 1_000_000))
+    assert np.allclose(gain, np.maximum(draws, 0).mean(1), rtol=0.01, atol=0.5)
+    assert np.allclose(p, (draws > 0).mean(1), atol=0.002)
+    gain, p = api._expected_gain(d, 0.0)
+    assert np.array_equal(gain, np.maximum(d, 0)) and np.array_equal(p, d > 0)
+
+
+def test_screen_saving_counts_what_the_full_estimate_is_expected_to_find(model, monkeypatch):
+    """screen_saving: SCREEN_TILES tiles drawn as sample_saving draws them, each from a look of
+    SCREEN_N_T time samples; a tile's gain E max(0, D), D normal about seed codec - model with
+    SCREEN_SD_BPD x the tile's dims (statistics.NormalDist here), extrapolated as sample_saving's,
+    SCREEN_Z standard errors above; the tiles with a gain counted by P(D > 0)."""
+    from statistics import NormalDist
+    src = [images.from_array(_gradient(96, 320))]  # 30 tiles of 32px
+    dims = 3 * 32 * 32
+    seed_bits = np.full(30, 5000.0)
+    # every tile's look: the model 0.1 (even tiles) or 0.3 bits/dim (odd) above the seed codec
+    model_bits = seed_bits + dims * np.where(np.arange(30) % 2, 0.3, 0.1)
+    asked, looks = _gains(model, monkeypatch, seed_bits, model_bits)
+    sv = api.screen_saving(src, model, api.default_stream_settings(model, 32))
+    pick = np.sort(np.random.default_rng(0).choice(30, api.SCREEN_TILES, replace=False))
+    assert np.array_equal(asked[0], pick) and looks == [api.SCREEN_N_T]
+    sd, nd = api.SCREEN_SD_BPD * dims, NormalDist()
+    u = (seed_bits[pick] - model_bits[pick]) / sd
+    gain = np.array([sd * (nd.pdf(v) + v * nd.cdf(v)) for v in u])
+    assert (gain[pick % 2 == 0] > 10).all() and (gain[pick % 2 == 1] < 0.01).all()  # the model below in none
+    m = api.SCREEN_TILES
+    se = 30 * gain.std(ddof=1) / np.sqrt(m) * np.sqrt(1 - m / 30)
+    assert sv.sampled == m and sv.bits == pytest.approx(30 / m * gain.sum())
+    assert sv.tiles == round(30 / m * sum(nd.cdf(v) for v in u)) and sv.upper == pytest.approx(sv.bits + api.SCREEN_Z * se)
+    sample = api.sample_saving(src, model, api.default_stream_settings(model, 32))
+    assert sample.bits == 0 and looks[-1] is None  # the sample: no spread, the full estimate's samples
+
+
+def test_auto_screens_photographs_first(model, monkeypatch):
+    """On RGB images of at least SCREEN_TILES tiles, "auto" first screens (screen_saving): where even
+    the screen's saving is too small (a ramp), neither every tile's estimate nor the seed codec's
+    analysis in context runs, and the file is the seed codec's, the bytes "both" writes. Where it is
+    not (in distribution), the estimate of every tile decides as before: the same file as without
+    the screen. Below SCREEN_TILES tiles, no screen."""
+    from cli import main as cli_main
+    t = gaussian_images(model.model, 16, torch.Generator().manual_seed(6))  # [16, 3, 32, 32]: 16 tiles
+    arr = np.concatenate([np.concatenate(list(t[4 * i:4 * i + 4]), 2) for i in range(4)], 1)
+    src = [images.from_array(np.ascontiguousarray(arr.transpose(1, 2, 0)))]
+    real_screen, screens = api.screen_saving, []
+    monkeypatch.setattr(api, "screen_saving", lambda *a, **k: screens.append(real_screen(*a, **k)) or screens[-1])
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
+    assert screens[0].sampled == 16 and screens[0].bits > screens[0].needed and rep.model_saving.sampled == 0
+    monkeypatch.setattr(api, "SCREEN_TILES", 17)  # 16 tiles: below it, no screen
+    plain = api.compress(src, model, "ode", SETTINGS, fallback="auto")[0]
+    assert rep.coded_by == "model" and data == plain and len(screens) == 1
+    monkeypatch.setattr(api, "SCREEN_TILES", 16)
+    ramp = [images.from_array(_gradient(100, 160))]  # 4 x 5 tiles
+    both = api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
+    monkeypatch.setattr(api.stream, "tile_seed_bits", lambda *a: pytest.fail("the whole image's shares"))
+    stages = []
+    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
+    assert stages == ["seed codec", "model estimate"] and rep.model_skipped == "screen"
+    sv = rep.model_saving
+    assert sv.sampled == 16 and sv.bits < sv.needed and data == both and rep.model_bytes is None
+    assert "a quick look at 16 tiles drawn at random, the model is expected to save" in cli_main._coded_by(rep)
 
 
 def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
