@@ -397,6 +397,21 @@ def test_screen_saving_counts_what_the_full_estimate_is_expected_to_find(model, 
     assert sample.bits == 0 and looks[-1] is None  # the sample: no spread, the full estimate's samples
 
 
+def _skipped_by_a_look(model, monkeypatch, arr: np.ndarray, why: str):
+    """compress(fallback="auto") of arr, where a quick look (`why`: "screen", "sample") finds too little:
+    neither every tile's estimate nor the seed codec's analysis of the whole image in context runs, and
+    the file is the seed codec's, the bytes "both" writes. Returns the report; the seed codec's analysis
+    in context stays patched to fail."""
+    src = [images.from_array(arr)]
+    both = api.compress(src, model, "ode", SETTINGS, fallback="both")[0]
+    monkeypatch.setattr(api.stream, "tile_seed_bits", lambda *a: pytest.fail("the whole image's shares"))
+    stages = []
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
+    assert stages == ["seed codec", "model estimate"] and rep.model_skipped == why
+    assert data == both and rep.model_bytes is None
+    return rep
+
+
 def test_auto_screens_photographs_first(model, monkeypatch):
     """On RGB images of at least SCREEN_TILES tiles, "auto" first screens (screen_saving): where even
     the screen's saving is too small (a ramp), neither every tile's estimate nor the seed codec's
@@ -415,14 +430,9 @@ def test_auto_screens_photographs_first(model, monkeypatch):
     plain = api.compress(src, model, "ode", SETTINGS, fallback="auto")[0]
     assert rep.coded_by == "model" and data == plain and len(screens) == 1
     monkeypatch.setattr(api, "SCREEN_TILES", 16)
-    ramp = [images.from_array(_gradient(100, 160))]  # 4 x 5 tiles
-    both = api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
-    monkeypatch.setattr(api.stream, "tile_seed_bits", lambda *a: pytest.fail("the whole image's shares"))
-    stages = []
-    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
-    assert stages == ["seed codec", "model estimate"] and rep.model_skipped == "screen"
+    rep = _skipped_by_a_look(model, monkeypatch, _gradient(100, 160), "screen")  # 4 x 5 tiles
     sv = rep.model_saving
-    assert sv.sampled == 16 and sv.bits < sv.needed and data == both and rep.model_bytes is None
+    assert sv.sampled == 16 and sv.bits < sv.needed
     assert "a quick look at 16 tiles drawn at random, the model is expected to save" in cli_main._coded_by(rep)
 
 
@@ -443,14 +453,9 @@ def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
     assert samples[0].sampled == 4 and samples[0].bits > samples[0].needed and rep.model_saving.sampled == 0
     assert rep.coded_by == "model" and data == plain
     ramp = [images.from_array(_gradient())]  # 40x72: 2,880 pixels, 6 tiles
-    both = api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
-    monkeypatch.setattr(api.stream, "tile_seed_bits", lambda *a: pytest.fail("the whole image's shares"))
-    stages = []
-    data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
-    assert stages == ["seed codec", "model estimate"] and rep.model_skipped == "sample"
+    rep = _skipped_by_a_look(model, monkeypatch, _gradient(), "sample")
     sv = rep.model_saving
     assert sv.sampled == 6 and sv.bits == sv.upper == 0 and sv.needed == api.SAVING_MIN_BITS
-    assert data == both and rep.model_bytes is None
     assert "from 6 tiles drawn at random, the model is expected to save 0 bits (at most 0)" in cli_main._coded_by(rep)
     monkeypatch.setattr(api, "SAMPLE_ABOVE_PIXELS", 2880)  # not above it: no sample
     with pytest.raises(pytest.fail.Exception, match="whole image"):
