@@ -297,6 +297,33 @@ def test_tile_gap(tmp_path, capsys):
     assert "not a plain RGB image" in capsys.readouterr().err
 
 
+def test_screen_spread(tmp_path, capsys, monkeypatch):
+    """bench/screen_spread.py: every tile's quick look (api.SCREEN_N_T time samples) against the full
+    estimate, in bits/dim; the full decision and the screen's. Stand-in looks 0.1 bits/dim above the
+    full estimate on every tile: the spread it reports is theirs."""
+    from bench.screen_spread import main as screen_spread
+    from scoreflow_codec import api
+
+    real = api.tile_model_bits
+
+    def tmb(sources, model, tile, device="cpu", excess_bpd=0.0, seed_bits=None, only=None, look=None):
+        out = real(sources, model, tile, device, excess_bpd, seed_bits, only)  # the full estimate
+        return out + 0.1 * 3 * tile * tile if look else out
+    monkeypatch.setattr(api, "tile_model_bits", tmb)
+    Image.fromarray(_image(3, 64, 64)).save(tmp_path / "a.png")
+    Image.fromarray(_image(3, 64, 64)[..., 0]).save(tmp_path / "g.png")
+    out = tmp_path / "spread.json"
+    assert screen_spread([str(tmp_path / "a.png"), "--model", "cifar10", "--tile", "16", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    a = r["images"]["a.png"]
+    assert a["tiles"] == 16 and np.allclose(a["look_minus_full"], 0.1) and a["sd"] == pytest.approx(0, abs=1e-9)
+    assert a["full_codes_model"] == (a["full_saving_bits"] >= a["needed_bits"]) and a["excess_bpd"] > 0
+    assert r["all"]["tiles"] == 16 and r["all"]["mean"] == pytest.approx(0.1) and r["sd_bpd"] == api.SCREEN_SD_BPD
+    assert "all 16 tiles: the look minus the full estimate, mean +0.1000" in capsys.readouterr().out
+    assert screen_spread([str(tmp_path / "g.png"), "--model", "cifar10"]) == 2
+    assert "not a plain RGB image" in capsys.readouterr().err
+
+
 def test_large_image_bench_follows_the_cli_defaults(tmp_path, capsys):
     """bench/large_image.py: an image through compress and decompress as `sfcodec compress` codes it
     (--model auto: the photo model above 64x64; --fallback auto), one JSON line with which coder made
@@ -310,7 +337,7 @@ def test_large_image_bench_follows_the_cli_defaults(tmp_path, capsys):
     assert (r["model"], r["fallback"], r["identical"], r["width"], r["height"]) == ("photo", "auto", True, 80, 72)
     assert r["file_bytes"] == min(b for b in (r["seed_bytes"], r["model_bytes"]) if b is not None)
     assert r["coded_by"] in ("seed", "model") and r["peak_rss_mib"] >= r["peak_rss_mib_encode"] > 0
-    assert (r["model_bytes"] is None) == (r["model_skipped"] in ("saving", "sample"))  # why, where not coded
+    assert (r["model_bytes"] is None) == (r["model_skipped"] in ("saving", "sample", "screen"))  # why, where not coded
     assert large_image(["--image", str(tmp_path / "a.png"), "--size", "80x72", "--threads", "1", "--no-progress",
                         "--model", "cifar10", "--fallback", "off", "--steps", "4"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
