@@ -8,7 +8,7 @@ The image is a Kodak photo resized (bicubic) to --size, or --image as given (cro
 --size when given). The defaults are `sfcodec compress`'s: --model auto (the photo model above
 64x64), chain mode, --fallback auto (the seed codec's file, and the model's stream where its
 estimate promises a smaller one). Prints one JSON line: sizes, bits/dim, which coder made the file
-(and why the model's stream was not coded, where it was not: "saving", "sample", ...), encode/decode
+(and why the model's stream was not coded, where it was not: "saving", "screen", "sample", ...), encode/decode
 seconds, peak RSS (MiB, resource.getrusage: the high-water mark of the whole process), and whether
 the pixels matched.
 """
