@@ -624,7 +624,8 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     only (tile indices): estimate these tiles alone (NaN elsewhere), as the whole set would estimate
     them: the time samples and the bfloat16 first look follow the number of all tiles (sample_saving).
     look (time samples): one estimate from that many, in bfloat16 where it is fast, and no second
-    (screen_saving's quick look)."""
+    (screen_saving's quick look), from time samples of its own (a generator of seed 2: the full
+    estimate's first look draws with seed 0, so a look of every tile would repeat it)."""
     import torch
 
     from . import likelihood, models
@@ -653,7 +654,8 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     if only is not None:
         chosen = set(np.asarray(only).tolist())
         rgb = [i for i in rgb if i in chosen]
-    estimate(rgb, n_t, 0, models.Bf16(net) if fast else net)
+    # a look draws its own times (seed 2), independent of the full estimate's first (0) and second (1)
+    estimate(rgb, n_t, 2 if look else 0, models.Bf16(net) if fast else net)
     if refine:
         margin = CHOICE_REFINE_BPD + (CHOICE_BF16_BPD if fast else 0.0)
         near = [i for i in rgb if out[i] < seed_bits[i] + margin * dims]

@@ -309,7 +309,7 @@ def test_tile_model_bits_only_estimates_the_tiles_asked_for(model, monkeypatch):
     assert sizes == [(3, 29, "Bf16"), (2, 32, "ChannelsLast")]  # 3 tiles alone would take 64 samples, once
     sizes.clear()  # a screen's look: its own time samples, in bfloat16 where fast, and no second estimate
     look = api.tile_model_bits(src, model, 32, excess_bpd=0.5, seed_bits=seed, only=np.array([7, 2, 5]), look=16)
-    assert sizes == [(3, 16, "Bf16")] and np.array_equal(look[[2, 5, 7]], whole[[2, 5, 7]])
+    assert sizes == [(3, 16, "Bf16")] and np.allclose(look[[2, 5, 7]], whole[[2, 5, 7]] + 2 * dims)  # its own draws
     monkeypatch.setattr(models, "bf16_is_fast", lambda dev: False)
     sizes.clear()
     api.tile_model_bits(src, model, 32, seed_bits=seed, only=np.array([7, 2, 5]), look=16)
