@@ -574,7 +574,7 @@ def _prior() -> np.ndarray:
 class _RowPrior(NamedTuple):
     """A prior whose rows come in runs of alike ones: row r's is kinds[r // per]. _Counts makes a
     row's counts only once a pixel uses it (the difference mode's 12,348 rows: a 32x32 image uses
-    at most 1,024 of them, a Kodak image about half)."""
+    at most 1,024 of them, kodim01 and kodim23 3,113 - 3,581 for red and 8,120 - 9,548 for blue)."""
     kinds: np.ndarray  # [k, 511] the distinct rows
     per: int           # consecutive rows alike
 
@@ -591,6 +591,7 @@ def _diff_prior(n_rows: int = N_DIFF_CTX, mass: int = DIFF_PRIOR_MASS) -> _RowPr
     """The prior of the difference mode's rows (version 3's by default; version 4's coarse rows:
     N_DIFF_COARSE): by the row's activity level, its leading digit. int32 (counts up to `mass`),
     which _Counts widens where its rows do not halve."""
+    assert n_rows % len(DIFF_THETA) == 0  # runs of equal length, one per activity level
     rows = np.stack([_geometric(t, mass) for t in DIFF_THETA]).astype(np.int32)
     rows.setflags(write=False)
     return _RowPrior(rows, n_rows // len(DIFF_THETA))
