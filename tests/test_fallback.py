@@ -388,7 +388,7 @@ def test_screen_saving_counts_what_the_full_estimate_is_expected_to_find(model, 
     sd, nd = api.SCREEN_SD_BPD * dims, NormalDist()
     u = (seed_bits[pick] - model_bits[pick]) / sd
     gain = np.array([sd * (nd.pdf(v) + v * nd.cdf(v)) for v in u])
-    assert (gain[pick % 2 == 0] > 10).all() and (gain[pick % 2 == 1] < 0.01).all()  # the model below in none
+    assert (gain[pick % 2 == 0] > 10).all() and (gain[pick % 2 == 1] < 0.01).all()  # even tiles in reach, odd not
     m = api.SCREEN_TILES
     se = 30 * gain.std(ddof=1) / np.sqrt(m) * np.sqrt(1 - m / 30)
     assert sv.sampled == m and sv.bits == pytest.approx(30 / m * gain.sum())
