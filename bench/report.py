@@ -197,6 +197,33 @@ def model_options(ap, default: str = "photo") -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
 
 
+def rgb_model_run(ap, argv, prog: str):
+    """For the scripts that evaluate one model on RGB images: adds the `images` argument and
+    model_options to ap, parses argv, sets torch to args.threads and loads the model and the images:
+    (args, model, sources); None after one line on stderr where the model or an image does not load,
+    or an image is not plain RGB (the caller exits 2)."""
+    ap.add_argument("images", nargs="+", type=Path, help="RGB images (PNG etc.)")
+    model_options(ap)
+    args = ap.parse_args(argv)
+    import torch
+
+    from scoreflow_codec import images as imgs, zoo
+    from scoreflow_codec.errors import SfcError
+
+    torch.set_num_threads(args.threads)
+    try:
+        model = zoo.load_model(args.model)
+        sources = [imgs.load_image(p) for p in args.images]
+    except SfcError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+    for p, s in zip(args.images, sources):
+        if s.color is None or s.color.shape[0] != 3 or s.extra is not None:
+            print(f"{prog}: {p}: not a plain RGB image", file=sys.stderr)
+            return None
+    return args, model, sources
+
+
 def machine_info() -> dict:
     info = {
         "cpu": _cpu_model(), "cores": os.cpu_count(), "os": platform.platform(),

@@ -25,7 +25,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import machine_info, model_options  # noqa: E402
+from bench.report import machine_info, rgb_model_run  # noqa: E402
 
 
 def spread(source, model, tile: int) -> dict:
@@ -57,26 +57,12 @@ def spread(source, model, tile: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("images", nargs="+", type=Path, help="RGB images (PNG etc.)")
-    model_options(ap)
-    args = ap.parse_args(argv)
-
-    import torch
-
-    from scoreflow_codec import api, images as imgs, zoo
-    from scoreflow_codec.errors import SfcError
-
-    torch.set_num_threads(args.threads)
-    try:
-        model = zoo.load_model(args.model)
-        sources = [imgs.load_image(p) for p in args.images]
-    except SfcError as e:
-        print(f"screen_spread: {e}", file=sys.stderr)
+    run = rgb_model_run(ap, argv, "screen_spread")
+    if run is None:
         return 2
-    for p, s in zip(args.images, sources):
-        if s.color is None or s.color.shape[0] != 3 or s.extra is not None:
-            print(f"screen_spread: {p}: not a plain RGB image", file=sys.stderr)
-            return 2
+    args, model, sources = run
+    from scoreflow_codec import api
+
     tile = args.tile or model.tile
     print(f"model {model.name} ({model.sha256[:12]}), {tile}px tiles; the look: {api.SCREEN_N_T} time samples, "
           f"taken to spread {api.SCREEN_SD_BPD} bits/dim")

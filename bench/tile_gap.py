@@ -35,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import model_options  # noqa: E402
+from bench.report import rgb_model_run  # noqa: E402
 
 
 def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 0) -> dict:
@@ -72,27 +72,11 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("images", nargs="+", type=Path, help="RGB images (PNG etc.)")
-    model_options(ap)
     ap.add_argument("--n-t", type=int, default=16, help="time samples per tile of the bound")
-    args = ap.parse_args(argv)
-
-    import torch
-
-    from scoreflow_codec import images as imgs, zoo
-    from scoreflow_codec.errors import SfcError
-
-    torch.set_num_threads(args.threads)
-    try:
-        model = zoo.load_model(args.model)
-        sources = [imgs.load_image(p) for p in args.images]
-    except SfcError as e:
-        print(f"tile_gap: {e}", file=sys.stderr)
+    run = rgb_model_run(ap, argv, "tile_gap")
+    if run is None:
         return 2
-    for p, s in zip(args.images, sources):
-        if s.color is None or s.color.shape[0] != 3 or s.extra is not None:
-            print(f"tile_gap: {p}: not a plain RGB image", file=sys.stderr)
-            return 2
+    args, model, sources = run
     tile = args.tile or model.tile
     print(f"model {model.name} ({model.sha256[:12]}), {tile}px tiles, bound with {args.n_t} time samples")
     print(f"{'image':16s} {'tiles':>5s} {'model':>7s} {'seed tile':>9s} {'best/tile':>9s} {'seed whole':>10s} "
