@@ -462,18 +462,21 @@ def _saving_needed(n: int, k: int) -> float:
     return SAVING_MIN_BITS + (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
 
 
+def _all_rgb(sources: list[imgs.SourceImage]) -> bool:
+    """Whether every image has three colour planes (what the quick looks estimate)."""
+    return all(s.color is not None and s.color.shape[0] == 3 for s in sources)
+
+
 def _screen_first(sources: list[imgs.SourceImage], tile: int) -> bool:
     """Whether compress's fallback "auto" screens first (screen_saving): colour images (RGB) of at
     least SCREEN_TILES tiles in all."""
-    rgb = all(s.color is not None and s.color.shape[0] == 3 for s in sources)
-    return rgb and len(stream.T.plan_tiles([s.color.shape for s in sources], tile)) >= SCREEN_TILES
+    return _all_rgb(sources) and len(stream.T.plan_tiles([s.color.shape for s in sources], tile)) >= SCREEN_TILES
 
 
 def _sample_first(sources: list[imgs.SourceImage]) -> bool:
     """Whether compress's fallback "auto" looks at a sample of tiles first (sample_saving): colour
     images (RGB) of more than SAMPLE_ABOVE_PIXELS in all."""
-    rgb = all(s.color is not None and s.color.shape[0] == 3 for s in sources)
-    return rgb and sum(s.color.shape[1] * s.color.shape[2] for s in sources) > SAMPLE_ABOVE_PIXELS
+    return _all_rgb(sources) and sum(s.color.shape[1] * s.color.shape[2] for s in sources) > SAMPLE_ABOVE_PIXELS
 
 
 def expected_saving(seed_tile_bits: np.ndarray, model_bits: np.ndarray) -> Saving:
