@@ -81,14 +81,17 @@ def test_golden_files_exist():
     assert np.array_equal(_pngs(GOLDEN / "seed-h6.sfc")[0], _pngs(GOLDEN / "seed-f2.sfc")[0])
     assert len(h6) - len(f2) == 26 and container.unpack(h6)[1].tobytes() == container.unpack(f2)[1].tobytes()
     # seed codec versions: 1 (no `seed` in the header), 2, 3, 4, 5 (seed-x5: both images in its LZMA
-    # mode) and 7 (seed-x7: version 7's mixed mode in blue, red in the difference mode; version 6 has
-    # its pinned bitstream in test_seed_codec)
-    assert {api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES} == {1, 2, 3, 4, 5, 7}
+    # mode), 7 (seed-x7: version 7's mixed mode in blue, red in the difference mode; version 6 has
+    # its pinned bitstream in test_seed_codec) and 8 (seed-x8: the same images with the error feedback)
+    seeds = {p.stem: api.full_settings(api.read_header(p.read_bytes()))[1]["seed"] for p in FILES}
+    assert set(seeds.values()) == {1, 2, 3, 4, 5, 7, 8} and seeds["seed-x8"] == 8
     from scoreflow_codec.coding.seed_codec import _choose, _layout
 
     for png in _pngs(GOLDEN / "seed-x7.sfc"):
         planes = np.ascontiguousarray(np.moveaxis(png, -1, 0))
         assert [p.mode for p in _choose(planes, _layout(*planes.shape[1:]), 7)[2][1:]] == [1, 2]
+    assert all(np.array_equal(a, b) for a, b in zip(_pngs(GOLDEN / "seed-x7.sfc"), _pngs(GOLDEN / "seed-x8.sfc")))
+    assert len((GOLDEN / "seed-x8.sfc").read_bytes()) < len((GOLDEN / "seed-x7.sfc").read_bytes())
     # the chain's factors on its top network calls: none before 0.9.13, two since
     chains = [api.read_header(p.read_bytes()) for p in FILES if not p.stem.startswith("seed-")]
     assert {api.full_settings(h)[0]["kappa_top"] for h in chains if h["mode"] == "chain"} == {0, 2}  # 2 since 0.9.13

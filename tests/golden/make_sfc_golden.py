@@ -83,6 +83,8 @@ CASES = {
     # 0.9.23: seed codec version 7, its mixed mode (on these images red in the difference mode, blue
     # mixed with the blend)
     "seed-x7": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "chroma"),
+    # 0.9.25: seed codec version 8, the error feedback on the blend (the same images as seed-x7)
+    "seed-x8": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "chroma"),
 }
 
 
