@@ -380,7 +380,8 @@ def test_two_level_images_cost_about_what_version_1_makes_them():
 def test_error_feedback_by_a_slow_reference(monkeypatch, max_weight):
     """Version 8's centres and signs from the encoder's vectorized analysis equal a pixel-by-pixel
     loop written from the definitions (Python integers and fractions): per wavefront and channel,
-    every pixel's prediction is the blend's bias-corrected one (version 7's centres, undone) plus
+    every pixel's prediction is the blend's bias-corrected one (_bias_corrected: the bias's own slow
+    reference is test_bias_correction_by_a_slow_reference) plus
     round(v . w / 2**CASCADE_SHIFT), v the blend's errors 8 x - pred at N, W, NW, NE, WW, NN, w its
     (channel, bin)'s weights before the wavefront; then each weight moves by 2**-CASCADE_RATE v (8 x - q)
     / (1 + |v|**2) in units of 2**-CASCADE_SHIFT, rounded half up, summed over the wavefront, and is
