@@ -133,7 +133,7 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
 
 
 def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool,
-            fallback: str = "auto", arith: str = "exact64"):
+            fallback: str = "auto", arith: str = "exact64", jobs: int | None = None):
     """api.compress with the CLI's options (steps, tile, fallback) and an encode progress bar -> (data, report)."""
     from scoreflow_codec import api, zoo
 
@@ -142,7 +142,7 @@ def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: 
     sources = api.choose_palette_coding(sources, ss.seed)  # before the progress bar counts model tiles
     with _progress(api.compress_work_units(sources, m, mode, settings, ss, fallback), "encode", quiet) as tick:
         return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick,
-                            fallback=fallback, arith=arith, phase=tick.describe if tick else None)
+                            fallback=fallback, arith=arith, phase=tick.describe if tick else None, jobs=jobs)
 
 
 def _run_label(mode: str, m) -> str:
@@ -216,6 +216,11 @@ FALLBACK_OPTION = click.option(
          "the file auto writes for every Kodak image since 0.9.23). A file of the model's stream "
          "decodes with the model it names; a seed codec file needs no model.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
+JOBS_OPTION = click.option(
+    "--jobs", type=click.IntRange(min=1), default=None,
+    help="Processes for a seed codec file in parts (a photograph above 1024x1024, or several images above "
+         "512x512 in all: each part alone, the same bytes whatever the count). Default: every usable core, "
+         "as many as the available memory holds.")
 ARITH_OPTION = click.option(
     "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,
     help="exact64: every number that drives the coder is computed bit-exactly, so any machine decodes the "
@@ -239,9 +244,10 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @ARITH_OPTION
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
+@JOBS_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, force, quiet):
+def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs, force, quiet):
     """Compress one or more images into one .sfc file."""
     from scoreflow_codec import api, images
 
@@ -252,7 +258,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
     fallback = "off" if no_fallback else fallback
     m = _load_model(model, device, [s.size for s in sources], fallback)
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith, jobs)
     enc_s = time.perf_counter() - t0
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
@@ -260,7 +266,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
     if verify:
         t1 = time.perf_counter()
         with _progress(api.work_units(api.read_header(data)), "verify", quiet) as tick:
-            back = api.decompress(data, m, device=device, progress=tick)
+            back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
         dec_s = time.perf_counter() - t1
         api.check_identical(sources, back)
     atomic_write(output, data)
@@ -278,9 +284,10 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
+@JOBS_OPTION
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def decompress(input, output, model, device, force, quiet):
+def decompress(input, output, model, device, jobs, force, quiet):
     """Decompress a .sfc file back to the identical pixels."""
     from scoreflow_codec import api, container, images, zoo
 
@@ -308,7 +315,7 @@ def decompress(input, output, model, device, force, quiet):
         m = zoo.load_model(model, device=device) if model else zoo.model_for_header(header, device)
     t0 = time.perf_counter()
     with _progress(api.work_units(header), "decode", quiet) as tick:
-        sources = api.decompress(data, m, device=device, progress=tick)
+        sources = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
     blobs = [_image_bytes(images.to_pil(s), t) for s, t in zip(sources, targets)]
     if len(targets) > 1 or targets[0].parent == output:
         output.mkdir(parents=True, exist_ok=True)
@@ -364,8 +371,9 @@ def info(input, as_json):
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
     if api.seed_only(f):
+        parts = f", in {len(f['parts'])} independent parts (decoded in parallel)" if "parts" in f else ""
         click.echo(f"stream:    the seed codec alone (classical, version {ss['seed']}), {f['n_tiles']} tile(s) "
-                   f"of up to {ss['tile']}px")
+                   f"of up to {ss['tile']}px{parts}")
     else:
         which = "chosen by the encoder" if ss.get("seed_tiles") == "chosen" else "the first"
         if ss.get("seed_context") == "image":
@@ -384,9 +392,10 @@ def info(input, as_json):
 @ARITH_OPTION
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
+@JOBS_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, as_json, quiet):
+def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, jobs, as_json, quiet):
     """Compress and decompress in memory, check the pixels are identical, report size and time."""
     from scoreflow_codec import api, images
 
@@ -394,10 +403,10 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
     fallback = "off" if no_fallback else fallback
     m = _load_model(model, device, [s.size for s in sources], fallback)
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith)
+    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith, jobs)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
-        back = api.decompress(data, m, device=device, progress=tick)
+        back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
     t2 = time.perf_counter()
     api.check_identical(sources, back)
     out = {"images": len(sources), "bytes": len(data), "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,

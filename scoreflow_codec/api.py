@@ -280,7 +280,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
              stream_settings: stream.StreamSettings | None = None, device: str = "cpu",
              micro_batch: int | None = None, progress: Callable[[int], None] | None = None,
              track: bool = False, fallback: bool | str = "auto", arith: str = DEFAULT_ARITH,
-             phase: Callable[[str], None] | None = None) -> tuple[bytes, CompressReport]:
+             phase: Callable[[str], None] | None = None, jobs: int | None = None) -> tuple[bytes, CompressReport]:
     """Code images with a loaded model into .sfc bytes.
 
     The defaults are `sfcodec compress`'s (cli/main.py: --mode chain, --fallback auto, --arith
@@ -293,6 +293,11 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     phase(what): called as each stage starts: "seed codec" (the fallback's file), "model estimate"
     (the bound that decides fallback "auto" or chooses the seed tiles; a minute on a Kodak image,
     with no ticks), "model stream".
+
+    jobs: processes for the seed codec's file where it comes in parts (a photograph of more than
+    1024x1024 pixels, several images of more than 512x512 in all: stream.in_parts); None, the
+    default: every usable core, within the available memory (coding.workers). The same bytes whatever
+    it is.
 
     arith: "exact64" (the default), every number that parametrizes a coder computed in exactmath's
     arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x
@@ -369,7 +374,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     if fallback != "off":
         phase("seed codec")
         alt_ss = stream.seed_only_settings([im.color_shape for im in images])
-        alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss)
+        alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss, jobs=jobs)
         best = (_pack(head, settings, alt_ss, alt_payload, alt_fields), alt_payload, alt_rep)
         seed_bytes = len(best[0])
         if fallback == "auto" and not in_context:
@@ -839,7 +844,11 @@ def _validate_coding(h: dict) -> None:
     fields = h["fields"]
     for k in _SETTING_RULES["fields"]:
         container.require(fields, k, int)
-    _check_values("fields", fields, _SETTING_RULES["fields"], True)
+    _check_values("fields", {k: v for k, v in fields.items() if k != "parts"}, _SETTING_RULES["fields"], True)
+    if "parts" in fields:  # a seed-only stream in independent parts (stream.in_parts, 0.9.26)
+        stream.check_parts_field(fields["parts"], fields["pad_words"])
+        if len(fields["parts"]) > fields["n_tiles"]:
+            raise BadFileError("corrupt header: more parts than tiles")
     # the tile count, computed without listing the tiles (a header may declare 10^13 pixels)
     t = stream_settings["tile"]
     if sum(-(-w // t) * -(-hh // t) * n for w, hh, _, n in h["images"]) > MAX_TILES:
@@ -938,10 +947,11 @@ def _check_arith(arith: str, device: str | None) -> None:
                        f"{_device_class(device)}, whose files then decode only there)")
 
 
-def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[[int], None] | None = None
-               ) -> list[imgs.SourceImage]:
+def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[[int], None] | None = None,
+               jobs: int | None = None) -> list[imgs.SourceImage]:
     """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches. model: the
-    file's model (None will do for a seed-only file, see needs_model)."""
+    file's model (None will do for a seed-only file, see needs_model). jobs: processes for a file in
+    parts (compress's jobs; None: every usable core within the available memory)."""
     header, payload = container.unpack(data)
     _validate(header)
     check_setup(header, model, device)
@@ -962,7 +972,7 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     run = _model_run(threads) if use_model else contextlib.nullcontext()
     try:
         with run:
-            decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress)
+            decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress, jobs)
     except (ValueError, OverflowError, IndexError) as e:
         raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None
     except BadFileError as e:

@@ -817,3 +817,30 @@ def test_progress_bar_names_the_stage(monkeypatch):
     assert "encode: model estimate" in err.getvalue()
     with cli_main._progress(10, "encode", True) as tick:  # --quiet: no bar
         assert tick is None
+
+
+def test_a_file_in_parts_decodes_with_any_number_of_jobs(tmp_path, monkeypatch):
+    """A seed codec file in independent parts (stream.in_parts; PART_PIXELS made small so that two
+    small images make two parts): --jobs changes the time, never the bytes; info names the parts;
+    --jobs 0 is a usage error."""
+    from scoreflow_codec.coding import stream
+
+    monkeypatch.setattr(stream, "PART_PIXELS", 1024)
+    srcs = []
+    for k, (h, w) in enumerate([(40, 40), (20, 30)]):
+        srcs.append(tmp_path / f"p{k}.png")
+        Image.fromarray(_smooth_rgb(h, w, k)).save(srcs[-1])
+    one, two = tmp_path / "one.sfc", tmp_path / "two.sfc"
+    assert_ok(sfcodec("compress", *srcs, "-o", one, "--fallback", "seed", "--jobs", "1", "-q"))
+    assert_ok(sfcodec("compress", *srcs, "-o", two, "--fallback", "seed", "--jobs", "2", "-q"))
+    assert one.read_bytes() == two.read_bytes()
+    assert "in 2 independent parts" in sfcodec("info", one).stdout
+    for jobs in ("1", "2"):
+        out = tmp_path / f"out{jobs}"
+        assert_ok(sfcodec("decompress", one, "-o", out, "--jobs", jobs, "-q"))
+        for k, src in enumerate(srcs):
+            assert_same_pixels(src, out / f"p{k}.png")
+    r = sfcodec("verify", *srcs, "--fallback", "seed", "--jobs", "2", "--json")
+    assert_ok(r)
+    assert json.loads(r.stdout)["identical"]
+    assert sfcodec("decompress", one, "-o", tmp_path / "x", "--jobs", "0").exit_code == EXIT["usage"]

@@ -92,6 +92,9 @@ def test_golden_files_exist():
         assert [p.mode for p in _choose(planes, _layout(*planes.shape[1:]), 7)[2][1:]] == [1, 2]
     assert all(np.array_equal(a, b) for a, b in zip(_pngs(GOLDEN / "seed-x7.sfc"), _pngs(GOLDEN / "seed-x8.sfc")))
     assert len((GOLDEN / "seed-x8.sfc").read_bytes()) < len((GOLDEN / "seed-x7.sfc").read_bytes())
+    # 0.9.26: a seed codec file in independent parts, one per image here (stream.in_parts)
+    hp = api.read_header((GOLDEN / "seed-parts.sfc").read_bytes())
+    assert hp["codec"] == "0.9.26" and len(hp["fields"]["parts"]) == 2
     # the chain's factors on its top network calls: none before 0.9.13, two since
     chains = [api.read_header(p.read_bytes()) for p in FILES if not p.stem.startswith("seed-")]
     assert {api.full_settings(h)[0]["kappa_top"] for h in chains if h["mode"] == "chain"} == {0, 2}  # 2 since 0.9.13

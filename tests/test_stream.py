@@ -359,3 +359,120 @@ def test_a_stream_in_the_image_context_written_by_0_9_15_decodes():
     est = own - 1000.0
     est[[5, 30, 78]] = own[[5, 30, 78]] + 1.0
     _golden_stream("stream-context.bin", st, 3, est)
+
+
+# --- parts: a seed-only stream in independent ANS stacks (0.9.26) ---------------------------------
+def _refs(*sizes):
+    """One tile per (h, w), each its own image."""
+    return [T.TileRef(i, 0, 0, h, w) for i, (h, w) in enumerate(sizes)]
+
+
+def test_seed_parts_start_a_part_after_one_that_holds_part_pixels():
+    big = stream.PART_PIXELS
+    assert stream.seed_parts(_refs((512, 768))) == [[0]]  # a Kodak image: one part
+    assert stream.seed_parts(_refs((512, 512), (1, 1))) == [[0], [1]]  # 2**18 pixels fill a part
+    assert stream.seed_parts(_refs((511, 512), (1, 1))) == [[0, 1]]  # one pixel row short of it
+    assert stream.seed_parts(_refs(*[(32, 32)] * 300)) == [list(range(256)), list(range(256, 300))]
+    refs = T.plan_tiles([(3, 3000, 4000)], stream.seed_only_settings([(3, 3000, 4000)]).tile)
+    assert stream.seed_parts(refs) == [[i] for i in range(12)]  # a 12 Mpix photograph's 1024px tiles
+    assert big == 1 << 18
+
+
+def test_parts_only_where_every_tile_is_a_seed_tile_coded_alone():
+    refs = _refs((512, 512), (8, 8))
+    assert stream.in_parts(StreamSettings(tile=512, n_seed=2), 2, refs)
+    assert not stream.in_parts(StreamSettings(tile=512, n_seed=2), 1, refs)  # a tile through the model
+    assert not stream.in_parts(StreamSettings(tile=512, n_seed=2), None, refs)
+    assert not stream.in_parts(StreamSettings(tile=512, seed_context="image", seed_tiles="chosen"), 2, refs)
+    assert not stream.in_parts(StreamSettings(tile=512, n_seed=1), 1, refs[:1])  # one part: one stack
+
+
+def _parts_round_trip(imgs, st, jobs):
+    codec = FakeBitsBackCodec()
+    payload, fields, rep = stream.encode(imgs, codec, st, jobs=jobs)
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+    for j in (1, 2):
+        back = stream.decode(payload, fields, shapes, codec, st, jobs=j)
+        for a, b in zip(imgs, back):
+            assert np.array_equal(a.color, b.color) and (a.extra is None or np.array_equal(a.extra, b.extra))
+    assert codec.net_bits == 0
+    return payload, fields, rep, shapes
+
+
+def test_a_seed_only_stream_in_parts_round_trips_the_same_whatever_the_processes(monkeypatch):
+    """PART_PIXELS made small: _images(5)'s four tiles (2048, 1920, 630 and 384 pixels) make the parts
+    [0], [1], [2, 3]. The same words with one process or two; each part decodes alone (the extra
+    planes in the first); its size is the seed codec's bits of its tiles plus at most the ANS head."""
+    monkeypatch.setattr(stream, "PART_PIXELS", 1024)
+    imgs = _images(5)
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    payload, fields, rep, shapes = _parts_round_trip(imgs, st, 2)
+    assert np.array_equal(stream.encode(imgs, FakeBitsBackCodec(), st, jobs=1)[0], payload)
+    assert fields["n_seed"] == fields["n_tiles"] == 4 and len(fields["parts"]) == 3
+    assert sum(n for n, _ in fields["parts"]) == len(payload)
+    assert rep.seed_bits == pytest.approx(sum(seed_bits(im.color) for im in imgs))
+    assert rep.extra_bits == pytest.approx(seed_bits(imgs[3].extra))
+    at = 0
+    for k, ((n, strip), tiles) in enumerate(zip(fields["parts"], [[0], [1], [2, 3]])):
+        blocks, extras = stream._pop_part(payload[at:at + n], strip, fields["pad_words"],
+                                          [imgs[i].color_shape for i in tiles],
+                                          [imgs[3].extra.shape] if k == 0 else [], st.seed, k)
+        assert all(np.array_equal(b, imgs[i].color) for b, i in zip(blocks, tiles))
+        assert len(extras) == (k == 0) and (k or np.array_equal(extras[0], imgs[3].extra))
+        bits = sum(seed_bits(imgs[i].color) for i in tiles) + (seed_bits(imgs[3].extra) if k == 0 else 0)
+        assert 0 <= 32 * (n + strip - fields["pad_words"]) - bits < 64 + 32
+        at += n
+
+
+def test_a_stream_written_in_one_stack_still_decodes(monkeypatch):
+    """Files of 0.9.25 and before are one stack wherever they would be in parts now: without "parts"
+    in the header the decoder pops them as one."""
+    imgs = _images(5)
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    payload, fields, _ = stream.encode(imgs, FakeBitsBackCodec(), st)  # 13,000 pixels: one part
+    assert "parts" not in fields
+    monkeypatch.setattr(stream, "PART_PIXELS", 1024)
+    assert stream.in_parts(st, fields["n_seed"], T.plan_tiles([im.color_shape for im in imgs], st.tile))
+    shapes = [(im.color_shape, None if im.extra is None else im.extra.shape) for im in imgs]
+    back = stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st)
+    assert all(np.array_equal(a.color, b.color) for a, b in zip(imgs, back))
+
+
+def test_bad_parts_are_refused(monkeypatch):
+    from scoreflow_codec.errors import BadFileError
+
+    monkeypatch.setattr(stream, "PART_PIXELS", 1024)
+    imgs = _images(5)
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    payload, fields, _, shapes = _parts_round_trip(imgs, st, 1)
+    (a, sa), (b, sb), (c, sc_) = fields["parts"]
+    for parts, why in (([[a + b, sa], [c, sc_]], "do not match"),               # two parts for three
+                       ([[a - 1, sa], [b + 1, sb], [c, sc_]], "part"),           # a word moved across
+                       ([[a, sa], [b, sb], [c + 1, sc_]], "do not match"),       # more words than the payload
+                       ([[a, sa], [b, sb], [c, fields["pad_words"] + 1]], "bad list"),
+                       ([[a, sa], [b, sb], [c, -1]], "bad list"), ([[a, sa], [b, sb], [c]], "bad list"),
+                       ([[a, sa], [b, sb], [float(c), sc_]], "bad list"), ("3", "bad list"), ([[a, True]] * 3, "bad list")):
+        with pytest.raises(BadFileError, match=why):
+            stream.decode(payload, dict(fields, parts=parts), shapes, FakeBitsBackCodec(), st)
+    with pytest.raises(BadFileError, match="not coded in parts"):
+        stream.decode(payload, dict(fields, parts=fields["parts"], n_seed=3), shapes, FakeBitsBackCodec(), st)
+    with pytest.raises(ValueError, match="jobs"):
+        stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st, jobs=0)
+
+
+def test_parts_coded_in_other_processes_leave_their_pixel_bits_here(monkeypatch):
+    """Within shared_analyses(), a file coded in parts by two worker processes leaves each tile's
+    seed_pixel_bits in this process's store, as one coded here does: seed_file_tile_bits (compress's
+    sample of a large photograph against the file) analyses nothing again, and gets the same bits."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    monkeypatch.setattr(stream, "PART_PIXELS", 1024)
+    imgs = _images(5)
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    refs = T.plan_tiles([im.color_shape for im in imgs], 16)
+    want = stream.seed_file_tile_bits(imgs, refs, st.seed)
+    with sc.shared_analyses():
+        stream.encode(imgs, FakeBitsBackCodec(), st, jobs=2)
+        monkeypatch.setattr(sc, "_analyse", lambda *a, **k: pytest.fail("analysed again"))
+        got = stream.seed_file_tile_bits(imgs, refs, st.seed)
+    assert np.array_equal(got, want)

@@ -1545,6 +1545,19 @@ def seed_pixel_bits(planes: np.ndarray, version: int = LATEST) -> np.ndarray:
     return known.reshape(planes.shape[1:]).copy()
 
 
+def sharing() -> bool:
+    """Whether a shared_analyses() scope is active (its store keeps pixel bits: remember_pixel_bits)."""
+    return _SHARED.get() is not None
+
+
+def remember_pixel_bits(planes: np.ndarray, version: int, bits: np.ndarray) -> None:
+    """Within shared_analyses(), keep seed_pixel_bits(planes, version) = bits ([H, W] float64), made
+    elsewhere (a worker process that coded the planes: stream's parts), so it is not made again."""
+    store = _SHARED.get()
+    if store is not None:
+        store.pixel_bits[_key(_check_planes(planes), _check_version(version))] = np.asarray(bits, np.float64).ravel()
+
+
 def seed_push_known(m: Message, planes: np.ndarray, coded: np.ndarray, version: int = LATEST) -> float:
     """Push the pixels of uint8 planes [C, H, W] where `coded` (bool [H, W]), for a decoder that knows
     all the others (seed_pop_known): the seed codec over the whole image, its causal context and

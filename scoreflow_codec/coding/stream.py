@@ -45,6 +45,15 @@ Seed context (`seed_context`, "chosen" seed tiles only).
     (tile_seed_bits, seed_pixel_bits), which is what the choice compares with the model's estimate:
     with every tile a seed tile, the stream is the seed codec's whole-image coding. On Kodak's 64px
     tiles that share is 0.228 bits/dim below the tiles coded alone (bench/tile_gap.py).
+
+Parts (0.9.26). Where every tile is a seed tile, "first" seed tiles in "tile" context (the seed
+codec's file, seed_only_settings: up to 1024x1024 pixels a tile) and the tiles make more than one
+part (seed_parts: consecutive tiles, a new part once one holds PART_PIXELS pixels), each part is an
+ANS stack of its own, started from the same padding: the first part holds the extra planes and its
+tiles, each later part its tiles, pushed in the order above; the payload is the parts' stored words
+one after the other, and the header's fields list each part's [stored words, padding words
+stripped] ("parts"). The parts are coded and decoded in parallel (workers). Files without "parts"
+(one part, or written before 0.9.26) are one stack.
 """
 from __future__ import annotations
 
@@ -57,9 +66,10 @@ import numpy as np
 from ..errors import BadFileError
 from . import distributions as dist
 from . import tiles as T
+from . import workers
 from .ans import Message, common_prefix_len, padding_words
-from .seed_codec import (LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, seed_bits, seed_codec, seed_pixel_bits,
-                         seed_pop_known, seed_push, seed_push_known)
+from .seed_codec import (LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, remember_pixel_bits, seed_bits, seed_codec,
+                         seed_pixel_bits, seed_pop_known, seed_push, seed_push_known, shared_analyses, sharing)
 
 SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
 BATCHINGS = ("bits", "growth")
@@ -178,6 +188,122 @@ def seed_only_settings(shapes: list[tuple[int, int, int]]) -> StreamSettings:
     n_tiles = len(T.plan_tiles(shapes, tile))
     max_batch = StreamSettings.max_batch if tile <= 64 else 1
     return StreamSettings(tile=tile, n_seed=n_tiles, max_batch=max_batch, pad_words=2)
+
+
+PART_PIXELS = 1 << 18  # a part of a seed-only stream holds at least this many pixels, but its last
+
+
+def seed_parts(refs: list[T.TileRef]) -> list[list[int]]:
+    """The tiles (indices into refs) of each part of a stream coded in parts: consecutive tiles, a new
+    part after one that holds PART_PIXELS pixels or more. A Kodak image is one part; a 4000x3000
+    photograph's twelve 1024px tiles (at most) are twelve."""
+    parts: list[list[int]] = []
+    held = PART_PIXELS
+    for i, r in enumerate(refs):
+        if held >= PART_PIXELS:
+            parts.append([])
+            held = 0
+        parts[-1].append(i)
+        held += r.h * r.w
+    return parts
+
+
+def in_parts(settings: StreamSettings, n_seed: int | None, refs: list[T.TileRef]) -> bool:
+    """Whether this stream is coded in independent parts (the module docstring's Parts)."""
+    return (n_seed == len(refs) and settings.seed_tiles == "first" and settings.seed_context == "tile"
+            and len(seed_parts(refs)) > 1)
+
+
+def check_parts_field(spec, pad_words: int) -> None:
+    """The header's "parts": a list of [stored words, padding words stripped] pairs of integers, each
+    at least 0 and the second at most pad_words; else BadFileError."""
+    ok = isinstance(spec, list) and 2 <= len(spec) <= 1 << 24 and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)
+        and p[1] <= pad_words for p in spec)
+    if not ok:
+        raise BadFileError("corrupt header: bad list of parts")
+
+
+def _push_part(blocks: list, extras: list, version: int, pad_n: int, want_bits: bool):
+    """A worker's part: (stored words, padding words stripped, extras' bits, tiles' bits, each tile's
+    seed_pixel_bits where want_bits)."""
+    pad = padding_words(pad_n)
+    m = Message(pad)
+    extra_bits = sum(seed_push(m, e, version) for e in extras)
+    tile_bits, pixel_bits = 0.0, []
+    with shared_analyses():
+        for b in blocks:
+            tile_bits += seed_push(m, b, version)
+            if want_bits:
+                pixel_bits.append(seed_pixel_bits(b, version))
+    words = m.words()
+    n_strip = common_prefix_len(words, pad)
+    return words[n_strip:], n_strip, extra_bits, tile_bits, pixel_bits
+
+
+def _pop_part(words, n_strip: int, pad_n: int, block_shapes: list, extra_shapes: list, version: int, k: int):
+    """A worker's part back: (its tiles' pixels, its extra planes)."""
+    pad = padding_words(pad_n)
+    words = np.concatenate([pad[:n_strip], words]).astype(np.uint32)
+    if len(words) == 0 or words[-1] == 0:
+        raise BadFileError(f"corrupt payload: part {k + 1} is not a valid ANS stack")
+    m = Message(words)
+    blocks = [seed_codec(s, version).pop(m) for s in reversed(block_shapes)][::-1]
+    extras = [seed_codec(s, version).pop(m) for s in reversed(extra_shapes)][::-1]
+    rest = m.words()
+    if len(rest) != len(pad) or not np.array_equal(rest, pad):
+        raise BadFileError(f"corrupt payload: part {k + 1} did not decode back to its initial state")
+    return blocks, extras
+
+
+def _encode_parts(images: list[StreamImage], refs: list[T.TileRef], settings: StreamSettings, pad_n: int,
+                  jobs: int | None, rep: "StreamReport") -> tuple[np.ndarray, list[list[int]]]:
+    """The payload and the header's "parts" of a stream coded in parts; fills rep's bits."""
+    parts = seed_parts(refs)
+    want = sharing()  # the caller's analyses scope gets each tile's pixel bits, as if coded here
+    extras = [im.extra for im in images if im.extra is not None]
+    items = [([T.known_block(images[refs[i].image].color, refs[i]) for i in part], extras if k == 0 else [],
+              settings.seed, pad_n, want) for k, part in enumerate(parts)]
+    if jobs is None:
+        jobs = workers.auto_jobs(len(parts), max(sum(refs[i].h * refs[i].w for i in p) for p in parts))
+    payload, spec = [], []
+    for item, (words, n_strip, extra_bits, tile_bits, pixel_bits) in zip(items, workers.run(_push_part, items, jobs)):
+        payload.append(words)
+        spec.append([len(words), int(n_strip)])
+        rep.extra_bits += extra_bits
+        rep.seed_bits += tile_bits
+        rep.pad_consumed_bits += 32 * (pad_n - n_strip)
+        for b, bits in zip(item[0], pixel_bits):
+            remember_pixel_bits(b, settings.seed, bits)
+    return np.concatenate(payload).astype(np.uint32), spec
+
+
+def _decode_parts(payload: np.ndarray, spec, refs: list[T.TileRef], shapes: list, settings: StreamSettings,
+                  pad_n: int, jobs: int | None) -> tuple[list, list]:
+    """(colour planes, extra planes) per image of a stream coded in parts (header's "parts": spec)."""
+    parts = seed_parts(refs)
+    check_parts_field(spec, pad_n)
+    if len(spec) != len(parts) or sum(n for n, _ in spec) != len(payload):
+        raise BadFileError("corrupt header: the parts do not match the images and the payload")
+    extra_shapes = [tuple(s[1]) for s in shapes if s[1] is not None]
+    items, at = [], 0
+    for k, (part, (n_words, n_strip)) in enumerate(zip(parts, spec)):
+        block_shapes = [(shapes[refs[i].image][0][0], refs[i].h, refs[i].w) for i in part]
+        items.append((payload[at:at + n_words], n_strip, pad_n, block_shapes, extra_shapes if k == 0 else [],
+                      settings.seed, k))
+        at += n_words
+    if jobs is None:
+        jobs = workers.auto_jobs(len(parts), max(sum(refs[i].h * refs[i].w for i in p) for p in parts))
+    colors = [np.zeros(s[0], dtype=np.uint8) if s[0][0] else None for s in shapes]
+    extras: list[np.ndarray | None] = [None] * len(shapes)
+    for k, (part, (blocks, ex)) in enumerate(zip(parts, workers.run(_pop_part, items, jobs))):
+        for i, blk in zip(part, blocks):
+            r = refs[i]
+            colors[r.image][:, r.y0:r.y0 + r.h, r.x0:r.x0 + r.w] = blk
+        if k == 0:
+            it = iter(ex)
+            extras = [next(it) if s[1] is not None else None for s in shapes]
+    return colors, extras
 
 
 def need_bits(refs: list[T.TileRef], channels: list[int], size: int, deficit: float) -> float:
@@ -354,8 +480,11 @@ def seed_file_tile_bits(images: list[StreamImage], refs: list[T.TileRef], versio
 def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSettings,
            progress: Callable[[int], None] | None = None, track: bool = False,
            tile_bits: np.ndarray | None = None,
-           seed_tile_bits: np.ndarray | None = None) -> tuple[np.ndarray, dict, StreamReport]:
+           seed_tile_bits: np.ndarray | None = None, jobs: int | None = None) -> tuple[np.ndarray, dict, StreamReport]:
     """Returns (payload words, header fields needed to decode, report).
+
+    jobs: processes for a stream coded in parts (in_parts; None: workers.auto_jobs); the same bytes
+    whatever it is.
 
     tile_bits: with seed_tiles "chosen", the bits the model is expected to take for each tile
     (T.plan_tiles order; NaN where unknown), which steers the choice of seed tiles (without it the
@@ -377,6 +506,15 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
         order = seed_order(chosen)
         refs, chans, n_seed = [refs[i] for i in order], [chans[i] for i in order], int(chosen.sum())
     rep = StreamReport(n_tiles=n, pad_words=pad_n)
+    if in_parts(settings, n_seed, refs):
+        workers.check_jobs(jobs)
+        payload, spec = _encode_parts(images, refs, settings, pad_n, jobs, rep)
+        rep.n_seed = n
+        if progress is not None:
+            progress(codec.steps_per_batch() * n)
+        rep.predicted_bits = rep.extra_bits + rep.seed_bits
+        rep.payload_bits = 32 * len(payload)
+        return payload, {"n_seed": n, "pad_words": pad_n, "pad_stripped": 0, "n_tiles": n, "parts": spec}, rep
     pad = padding_words(pad_n)
     m = Message(pad)
     base = m.num_bits()
@@ -441,8 +579,10 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
 
 
 def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int, int], tuple[int, int, int] | None]],
-           codec: TileModelCodec, settings: StreamSettings, progress: Callable[[int], None] | None = None) -> list[StreamImage]:
-    """shapes: per image ((Cc, H, W) of colour planes or (0,0,0), (Ce, H, W) of extra planes or None)."""
+           codec: TileModelCodec, settings: StreamSettings, progress: Callable[[int], None] | None = None,
+           jobs: int | None = None) -> list[StreamImage]:
+    """shapes: per image ((Cc, H, W) of colour planes or (0,0,0), (Ce, H, W) of extra planes or None).
+    jobs: processes for a stream coded in parts (None: workers.auto_jobs)."""
     refs = T.plan_tiles([s[0] for s in shapes], settings.tile)
     n_seed, pad_n = int(fields["n_seed"]), int(fields["pad_words"])
     n_strip = int(fields["pad_stripped"])
@@ -453,6 +593,14 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
     if settings.seed not in SEED_VERSIONS:
         raise BadFileError(f"corrupt header: unknown seed codec version {settings.seed!r}")
     check_seed_tiles(settings, lambda msg: BadFileError(f"corrupt header: {msg}"))
+    if "parts" in fields:
+        if not in_parts(settings, n_seed, refs):
+            raise BadFileError("corrupt header: parts in a stream that is not coded in parts")
+        workers.check_jobs(jobs)
+        colors, extras = _decode_parts(np.asarray(payload), fields["parts"], refs, shapes, settings, pad_n, jobs)
+        if progress is not None:
+            progress(codec.steps_per_batch() * n_seed)
+        return [StreamImage(c, x) for c, x in zip(colors, extras)]
     pad = padding_words(pad_n)
     words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
     if len(words) == 0 or words[-1] == 0:
