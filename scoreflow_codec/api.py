@@ -25,10 +25,10 @@ from typing import Callable
 import numpy as np
 
 from . import __version__, container, images as imgs
-from .coding import stream
+from .coding import stream, workers
 from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
 from .coding.seed_codec import shared_analyses
-from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError
+from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError, UsageError
 from .estimate import Estimate, sequential_mean
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     code the model's stream of images without colour planes (palettes coded as index planes): it would
     code the same planes with the same seed codec."""
     fallback = {False: "off", True: "auto"}.get(fallback, fallback)
+    _check_jobs(jobs)
     if fallback not in ("off", "auto", "both", "seed"):
         raise SfcError(f"unknown fallback {fallback!r}; expected off, auto, both or seed")
     seed_alone = fallback == "seed"  # no model runs: no torch, no network, the model unused (may be None)
@@ -952,6 +953,7 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches. model: the
     file's model (None will do for a seed-only file, see needs_model). jobs: processes for a file in
     parts (compress's jobs; None: every usable core within the available memory)."""
+    _check_jobs(jobs)
     header, payload = container.unpack(data)
     _validate(header)
     check_setup(header, model, device)
@@ -988,6 +990,13 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
             "decoded pixels do not match the encoder's (CRC mismatch): the file is corrupt or this "
             "machine does not reproduce the encoder's arithmetic; nothing was written")
     return sources
+
+
+def _check_jobs(jobs) -> None:
+    try:
+        workers.check_jobs(jobs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def work_units(header: dict) -> int:

@@ -380,3 +380,79 @@ def test_random_header_values(files, model, data):
         json.dumps(api.read_header(bad))
     except SfcError:
         pass
+
+
+# --- a seed codec file in independent parts (0.9.26) ---------------------------------------------
+PARTS_AT = 1024  # stream.PART_PIXELS while these tests run: their small images make two parts
+
+
+@pytest.fixture(scope="module")
+def parts_file():
+    from scoreflow_codec.coding import stream
+
+    rng = np.random.default_rng(4)
+    srcs = [images.from_array(rng.integers(0, 256, (40, 30, 3), np.uint8)),
+            images.from_array(rng.integers(0, 256, (20, 24, 4), np.uint8))]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stream, "PART_PIXELS", PARTS_AT)
+        data, _ = api.compress(srcs, None, fallback="seed")
+    assert len(api.read_header(data)["fields"]["parts"]) == 2
+    return data, srcs
+
+
+PARTS_HOSTILE = [[], [[1, 0]], [[1, 0]] * 3, [[1, 0], [2]], [[1, 0], [2, 0, 0]], [[1, 0], [-2, 0]],
+                 [[1, 0], [2, 10 ** 9]], [[1, 0], ["2", 0]], [[1, 0], [2.0, 0]], [[1, 0], [None, 0]],
+                 [[False, 0], [1, 0]], [[10 ** 12, 0], [1, 0]], "parts", {"0": [1, 0]}, 7]
+
+
+@pytest.mark.parametrize("value", PARTS_HOSTILE, ids=[str(v)[:24] for v in PARTS_HOSTILE])
+def test_hostile_parts(parts_file, monkeypatch, value):
+    from scoreflow_codec.coding import stream
+
+    monkeypatch.setattr(stream, "PART_PIXELS", PARTS_AT)
+    data, srcs = parts_file
+    assert all(np.array_equal(a.color, b.color) for a, b in zip(api.decompress(data, None), srcs))
+    _refuse(_repack(data, _set("fields.parts", value)), None, BadFileError, "parts")
+
+
+def test_parts_that_do_not_describe_the_payload(parts_file, files, model, monkeypatch):
+    """Within bounds but wrong: words moved between the parts, the stripped padding changed, the
+    parts taken away, or parts named in a stream that is not coded in parts: refused."""
+    from scoreflow_codec.coding import stream
+
+    monkeypatch.setattr(stream, "PART_PIXELS", PARTS_AT)
+    data, _ = parts_file
+    (n0, s0), (n1, s1) = api.read_header(data)["fields"]["parts"]
+    for parts in ([[n0 - 1, s0], [n1 + 1, s1]], [[n0 + 1, s0], [n1 - 1, s1]], [[n0, 1 - s0], [n1, s1]],
+                  [[n0, s0], [n1, 1 - s1]]):
+        _refuse(_repack(data, _set("fields.parts", parts)), None, BadFileError, "part")
+    _refuse(_repack(data, lambda h: h["fields"].pop("parts")), None, BadFileError)
+    a, _, _ = files
+    _refuse(_repack(a, _set("fields.parts", [[1, 0], [1, 0]])), model, BadFileError, "parts")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_random_parts(parts_file, monkeypatch, data):
+    """The parts' numbers replaced by any integers (or a pair by any JSON value): the original
+    images or an SfcError, never another exception, a hang or wrong pixels."""
+    from scoreflow_codec.coding import stream
+
+    monkeypatch.setattr(stream, "PART_PIXELS", PARTS_AT)
+    good, srcs = parts_file
+    header, words = container.unpack(good)
+    h = copy.deepcopy(header)
+    k, j = data.draw(st.integers(0, 1)), data.draw(st.integers(0, 1))
+    if data.draw(st.booleans()):
+        h["fields"]["parts"][k][j] = data.draw(st.integers(-5, 2 * len(words)))
+    else:
+        h["fields"]["parts"][k] = data.draw(JSON)
+    t0 = time.perf_counter()
+    try:
+        back = api.decompress(container.pack(h, words), None)
+    except SfcError as e:
+        assert str(e) and "\n" not in str(e)
+    else:
+        api.check_identical(srcs, back)
+    assert time.perf_counter() - t0 < MAX_SECONDS

@@ -458,6 +458,14 @@ def test_bad_parts_are_refused(monkeypatch):
         stream.decode(payload, dict(fields, parts=fields["parts"], n_seed=3), shapes, FakeBitsBackCodec(), st)
     with pytest.raises(ValueError, match="jobs"):
         stream.decode(payload, fields, shapes, FakeBitsBackCodec(), st, jobs=0)
+    from scoreflow_codec import api
+    from scoreflow_codec.errors import UsageError
+
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(UsageError, match="jobs"):
+            api.decompress(b"", None, jobs=bad)  # before the bytes are looked at
+        with pytest.raises(UsageError, match="jobs"):
+            api.compress([], None, fallback="seed", jobs=bad)
 
 
 def test_parts_coded_in_other_processes_leave_their_pixel_bits_here(monkeypatch):

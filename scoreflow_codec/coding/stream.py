@@ -224,6 +224,13 @@ def check_parts_field(spec, pad_words: int) -> None:
         raise BadFileError("corrupt header: bad list of parts")
 
 
+def _part_jobs(parts: list[list[int]], refs: list[T.TileRef], jobs: int | None) -> int:
+    """The processes for these parts: jobs, or where None workers.auto_jobs by the largest part."""
+    workers.check_jobs(jobs)
+    return jobs if jobs is not None else workers.auto_jobs(
+        len(parts), max(sum(refs[i].h * refs[i].w for i in p) for p in parts))
+
+
 def _push_part(blocks: list, extras: list, version: int, pad_n: int, want_bits: bool):
     """A worker's part: (stored words, padding words stripped, extras' bits, tiles' bits, each tile's
     seed_pixel_bits where want_bits)."""
@@ -264,9 +271,8 @@ def _encode_parts(images: list[StreamImage], refs: list[T.TileRef], settings: St
     extras = [im.extra for im in images if im.extra is not None]
     items = [([T.known_block(images[refs[i].image].color, refs[i]) for i in part], extras if k == 0 else [],
               settings.seed, pad_n, want) for k, part in enumerate(parts)]
-    if jobs is None:
-        jobs = workers.auto_jobs(len(parts), max(sum(refs[i].h * refs[i].w for i in p) for p in parts))
     payload, spec = [], []
+    jobs = _part_jobs(parts, refs, jobs)
     for item, (words, n_strip, extra_bits, tile_bits, pixel_bits) in zip(items, workers.run(_push_part, items, jobs)):
         payload.append(words)
         spec.append([len(words), int(n_strip)])
@@ -292,8 +298,7 @@ def _decode_parts(payload: np.ndarray, spec, refs: list[T.TileRef], shapes: list
         items.append((payload[at:at + n_words], n_strip, pad_n, block_shapes, extra_shapes if k == 0 else [],
                       settings.seed, k))
         at += n_words
-    if jobs is None:
-        jobs = workers.auto_jobs(len(parts), max(sum(refs[i].h * refs[i].w for i in p) for p in parts))
+    jobs = _part_jobs(parts, refs, jobs)
     colors = [np.zeros(s[0], dtype=np.uint8) if s[0][0] else None for s in shapes]
     extras: list[np.ndarray | None] = [None] * len(shapes)
     for k, (part, (blocks, ex)) in enumerate(zip(parts, workers.run(_pop_part, items, jobs))):
@@ -507,7 +512,6 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
         refs, chans, n_seed = [refs[i] for i in order], [chans[i] for i in order], int(chosen.sum())
     rep = StreamReport(n_tiles=n, pad_words=pad_n)
     if in_parts(settings, n_seed, refs):
-        workers.check_jobs(jobs)
         payload, spec = _encode_parts(images, refs, settings, pad_n, jobs, rep)
         rep.n_seed = n
         if progress is not None:
@@ -596,7 +600,6 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
     if "parts" in fields:
         if not in_parts(settings, n_seed, refs):
             raise BadFileError("corrupt header: parts in a stream that is not coded in parts")
-        workers.check_jobs(jobs)
         colors, extras = _decode_parts(np.asarray(payload), fields["parts"], refs, shapes, settings, pad_n, jobs)
         if progress is not None:
             progress(codec.steps_per_batch() * n_seed)

@@ -15,7 +15,10 @@ import concurrent.futures
 import multiprocessing
 import os
 import sys
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
+
+from ..errors import SfcError
 
 PART_PEAK_BYTES_PER_PIXEL = 1024
 
@@ -56,9 +59,20 @@ def check_jobs(jobs: int | None) -> None:
 
 def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
     """[fn(*item) for item in items], in `jobs` processes where jobs > 1 and there are several items
-    (fn at module level: spawn pickles it by name). An exception in a worker is raised here, as itself."""
+    (fn at module level: spawn pickles it by name). An exception in a worker is raised here, as itself;
+    a worker that dies (killed for memory) is an SfcError that says so. On any other exception (Ctrl-C
+    among them) the workers are stopped at once and the exception raised."""
     if jobs <= 1 or len(items) <= 1:
         return [fn(*item) for item in items]
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=ctx) as ex:
+    ex = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=ctx)
+    try:
         return list(ex.map(fn, *zip(*items)))
+    except BrokenProcessPool:
+        raise SfcError(f"a worker process died (out of memory?); try fewer processes (--jobs, {jobs} now)") from None
+    except BaseException:  # an error, or Ctrl-C: what the other workers do is no longer wanted
+        for proc in list((getattr(ex, "_processes", None) or {}).values()):
+            proc.terminate()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)

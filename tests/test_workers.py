@@ -1,0 +1,71 @@
+"""coding/workers.py: the processes that code and decode a seed-only stream's parts (0.9.26)."""
+import os
+import time
+
+import pytest
+
+from scoreflow_codec.coding import workers
+from scoreflow_codec.errors import SfcError
+
+
+def _pid_and_square(x):
+    return os.getpid(), x * x
+
+
+def _fail(x):
+    raise ValueError(f"bad {x}")
+
+
+def _die(x):
+    os._exit(3)
+
+
+def _fail_or_sleep(x):
+    if x == 0:
+        raise ValueError("the first part is corrupt")
+    time.sleep(60)
+
+
+def test_run_keeps_the_order_and_uses_other_processes():
+    items = [(k,) for k in range(6)]
+    one = workers.run(_pid_and_square, items, 1)
+    assert [v for _, v in one] == [k * k for k in range(6)] and {p for p, _ in one} == {os.getpid()}
+    two = workers.run(_pid_and_square, items, 2)
+    assert [v for _, v in two] == [k * k for k in range(6)] and os.getpid() not in {p for p, _ in two}
+    assert workers.run(_pid_and_square, items[:1], 4)[0][0] == os.getpid()  # one item: no process started
+
+
+def test_a_workers_exception_is_raised_as_itself_and_a_dead_worker_says_so():
+    with pytest.raises(ValueError, match="bad 1"):
+        workers.run(_fail, [(1,), (2,)], 2)
+    with pytest.raises(SfcError, match="worker process died.*--jobs"):
+        workers.run(_die, [(1,), (2,)], 2)
+
+
+def test_an_error_stops_the_other_workers_at_once():
+    """A corrupt part (or Ctrl-C) need not wait for the other parts to be decoded."""
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="corrupt"):
+        workers.run(_fail_or_sleep, [(0,), (1,), (2,)], 2)
+    assert time.perf_counter() - t0 < 20
+
+
+def test_auto_jobs_stays_within_the_cores_the_parts_and_the_memory(monkeypatch):
+    monkeypatch.setattr(workers, "usable_cores", lambda: 8)
+    monkeypatch.setattr(workers, "available_memory", lambda: 3 << 30)
+    assert workers.auto_jobs(12, 1 << 20) == 3   # 3 GiB at 1 KiB a pixel of 1 Mpix parts
+    assert workers.auto_jobs(2, 1 << 20) == 2    # no more than the parts
+    assert workers.auto_jobs(12, 1 << 30) == 1   # at least one
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
+    assert workers.auto_jobs(12, 1 << 20) == 8   # memory unknown: the cores
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError):
+            workers.check_jobs(bad)
+    workers.check_jobs(None)
+    workers.check_jobs(3)
+
+
+def test_the_machine_is_described():
+    free = workers.available_memory()
+    assert free is None or free > 0
+    assert workers.usable_cores() >= 1
