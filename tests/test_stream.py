@@ -368,14 +368,13 @@ def _refs(*sizes):
 
 
 def test_seed_parts_start_a_part_after_one_that_holds_part_pixels():
-    big = stream.PART_PIXELS
+    assert stream.PART_PIXELS == 1 << 18
     assert stream.seed_parts(_refs((512, 768))) == [[0]]  # a Kodak image: one part
     assert stream.seed_parts(_refs((512, 512), (1, 1))) == [[0], [1]]  # 2**18 pixels fill a part
     assert stream.seed_parts(_refs((511, 512), (1, 1))) == [[0, 1]]  # one pixel row short of it
     assert stream.seed_parts(_refs(*[(32, 32)] * 300)) == [list(range(256)), list(range(256, 300))]
     refs = T.plan_tiles([(3, 3000, 4000)], stream.seed_only_settings([(3, 3000, 4000)]).tile)
     assert stream.seed_parts(refs) == [[i] for i in range(12)]  # a 12 Mpix photograph's 1024px tiles
-    assert big == 1 << 18
 
 
 def test_parts_only_where_every_tile_is_a_seed_tile_coded_alone():
@@ -429,7 +428,7 @@ def test_a_stream_written_in_one_stack_still_decodes(monkeypatch):
     in the header the decoder pops them as one."""
     imgs = _images(5)
     st = stream.seed_only_settings([im.color_shape for im in imgs])
-    payload, fields, _ = stream.encode(imgs, FakeBitsBackCodec(), st)  # 13,000 pixels: one part
+    payload, fields, _ = stream.encode(imgs, FakeBitsBackCodec(), st)  # 4,982 pixels: one part
     assert "parts" not in fields
     monkeypatch.setattr(stream, "PART_PIXELS", 1024)
     assert stream.in_parts(st, fields["n_seed"], T.plan_tiles([im.color_shape for im in imgs], st.tile))

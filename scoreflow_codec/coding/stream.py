@@ -190,7 +190,7 @@ def seed_only_settings(shapes: list[tuple[int, int, int]]) -> StreamSettings:
     return StreamSettings(tile=tile, n_seed=n_tiles, max_batch=max_batch, pad_words=2)
 
 
-PART_PIXELS = 1 << 18  # a part of a seed-only stream holds at least this many pixels, but its last
+PART_PIXELS = 1 << 18  # every part of a stream in parts but the last holds at least this many pixels
 
 
 def seed_parts(refs: list[T.TileRef]) -> list[list[int]]:
