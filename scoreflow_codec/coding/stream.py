@@ -231,6 +231,29 @@ def _part_jobs(parts: list[list[int]], refs: list[T.TileRef], jobs: int | None) 
         len(parts), max(sum(refs[i].h * refs[i].w for i in p) for p in parts))
 
 
+def _stored(m: Message, pad: np.ndarray) -> tuple[np.ndarray, int]:
+    """(the words a file stores of stack m, started from `pad`; how many of the padding's words it
+    leaves out: the untouched bottom, which the decoder puts back)."""
+    words = m.words()
+    n_strip = common_prefix_len(words, pad)
+    return words[n_strip:], n_strip
+
+
+def _reopen(stored: np.ndarray, pad: np.ndarray, n_strip: int, what: str) -> Message:
+    """The stack of `stored` words with the padding's n_strip words put back under them."""
+    words = np.concatenate([pad[:n_strip], stored]).astype(np.uint32)
+    if len(words) == 0 or words[-1] == 0:
+        raise BadFileError(f"corrupt payload: {what} is not a valid ANS stack")
+    return Message(words)
+
+
+def _check_unwound(m: Message, pad: np.ndarray, what: str) -> None:
+    """Every pop done, the stack must be back to exactly its padding."""
+    rest = m.words()
+    if len(rest) != len(pad) or not np.array_equal(rest, pad):
+        raise BadFileError(f"corrupt payload: {what} did not decode back to its initial state")
+
+
 def _push_part(blocks: list, extras: list, version: int, pad_n: int, want_bits: bool):
     """A worker's part: (stored words, padding words stripped, extras' bits, tiles' bits, each tile's
     seed_pixel_bits where want_bits)."""
@@ -243,23 +266,16 @@ def _push_part(blocks: list, extras: list, version: int, pad_n: int, want_bits: 
             tile_bits += seed_push(m, b, version)
             if want_bits:
                 pixel_bits.append(seed_pixel_bits(b, version))
-    words = m.words()
-    n_strip = common_prefix_len(words, pad)
-    return words[n_strip:], n_strip, extra_bits, tile_bits, pixel_bits
+    return *_stored(m, pad), extra_bits, tile_bits, pixel_bits
 
 
 def _pop_part(words, n_strip: int, pad_n: int, block_shapes: list, extra_shapes: list, version: int, k: int):
     """A worker's part back: (its tiles' pixels, its extra planes)."""
     pad = padding_words(pad_n)
-    words = np.concatenate([pad[:n_strip], words]).astype(np.uint32)
-    if len(words) == 0 or words[-1] == 0:
-        raise BadFileError(f"corrupt payload: part {k + 1} is not a valid ANS stack")
-    m = Message(words)
+    m = _reopen(words, pad, n_strip, f"part {k + 1}")
     blocks = [seed_codec(s, version).pop(m) for s in reversed(block_shapes)][::-1]
     extras = [seed_codec(s, version).pop(m) for s in reversed(extra_shapes)][::-1]
-    rest = m.words()
-    if len(rest) != len(pad) or not np.array_equal(rest, pad):
-        raise BadFileError(f"corrupt payload: part {k + 1} did not decode back to its initial state")
+    _check_unwound(m, pad, f"part {k + 1}")
     return blocks, extras
 
 
@@ -573,9 +589,7 @@ def encode(images: list[StreamImage], codec: TileModelCodec, settings: StreamSet
     codec.bits_log = None
     rep.predicted_bits = rep.extra_bits + rep.seed_bits + rep.model_bits + rep.signal_bits
 
-    words = m.words()
-    n_strip = common_prefix_len(words, pad)
-    payload = words[n_strip:]
+    payload, n_strip = _stored(m, pad)
     rep.pad_consumed_bits = 32 * (pad_n - n_strip)
     rep.payload_bits = 32 * len(payload)
     fields = {"n_seed": n_seed, "pad_words": pad_n, "pad_stripped": n_strip, "n_tiles": n}
@@ -605,10 +619,7 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
             progress(codec.steps_per_batch() * n_seed)
         return [StreamImage(c, x) for c, x in zip(colors, extras)]
     pad = padding_words(pad_n)
-    words = np.concatenate([pad[:n_strip], payload]).astype(np.uint32)
-    if len(words) == 0 or words[-1] == 0:
-        raise BadFileError("corrupt payload: not a valid ANS stack")
-    m = Message(words)
+    m = _reopen(payload, pad, n_strip, "the stream")
     if settings.seed_tiles == "chosen":
         refs = [refs[i] for i in seed_order(pop_seed_choice(m, len(refs), n_seed))]
     fixed = T.batch_schedule(len(refs), n_seed, settings.growth, settings.max_batch) \
@@ -642,7 +653,5 @@ def decode(payload: np.ndarray, fields: dict, shapes: list[tuple[tuple[int, int,
     for i in reversed(range(len(shapes))):
         if shapes[i][1] is not None:
             extras[i] = seed_codec(tuple(shapes[i][1]), settings.seed).pop(m)
-    rest = m.words()
-    if len(rest) != len(pad) or not np.array_equal(rest, pad):
-        raise BadFileError("corrupt payload: the stream did not decode back to its initial state")
+    _check_unwound(m, pad, "the stream")
     return [StreamImage(c, x) for c, x in zip(colors, extras)]
