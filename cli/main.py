@@ -181,6 +181,16 @@ def _coded_by(rep) -> str:
     return "seed codec alone"
 
 
+def _load_images(paths, keep_metadata: bool) -> list:
+    from scoreflow_codec import images
+
+    sources = [images.load_image(p) for p in paths]
+    if not keep_metadata:
+        for s in sources:
+            s.metadata = {}
+    return sources
+
+
 def _read_sfc(path: Path) -> bytes:
     if not path.exists():
         raise BadFileError(f"{path}: no such file")
@@ -189,10 +199,15 @@ def _read_sfc(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _image_bytes(img, path: Path) -> bytes:
+def _image_bytes(src, path: Path, quiet: bool) -> bytes:
+    """The output file's bytes, with the image's metadata; a warning names what its format cannot hold."""
     from scoreflow_codec import images
 
-    return images.encode_image(img, path.suffix)
+    dropped = images.metadata_dropped(src.metadata, path.suffix)
+    if dropped and not quiet:
+        click.echo(f"sfcodec: warning: {path.name}: {images.LOSSLESS_SAVE[path.suffix.lower()]} cannot hold the "
+                   f"image's {', '.join(dropped)}: not written (a .png keeps them)", err=True)
+    return images.encode_image(images.to_pil(src), path.suffix, src.metadata)
 
 
 def _out_name(name: str | None, index: int, n: int) -> str:
@@ -226,6 +241,10 @@ ARITH_OPTION = click.option(
     help="exact64: every number that drives the coder is computed bit-exactly, so any machine decodes the "
          "file. float32: the float32 network, about 3x faster, but the file decodes only on the same kind of "
          "machine (the same CPU instruction set and torch build).")
+METADATA_OPTION = click.option(
+    "--metadata/--no-metadata", "keep_metadata", default=True, show_default=True,
+    help="Keep each image's ICC colour profile, EXIF, XMP, PNG text chunks, gamma / chromaticities and "
+         "resolution (decompress writes them back), or code the pixels only.")
 MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a path to an exported .safetensors."
 
 
@@ -245,14 +264,16 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
 @JOBS_OPTION
+@METADATA_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs, force, quiet):
+def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
+             keep_metadata, force, quiet):
     """Compress one or more images into one .sfc file."""
-    from scoreflow_codec import api, images
+    from scoreflow_codec import api
 
     _check_output(output, force, list(inputs))
-    sources = [images.load_image(p) for p in inputs]
+    sources = _load_images(inputs, keep_metadata)
     for src, p in zip(sources, inputs):
         src.meta.setdefault("name", p.name)
     fallback = "off" if no_fallback else fallback
@@ -271,7 +292,8 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
         api.check_identical(sources, back)
     atomic_write(output, data)
     if not quiet:
-        msg = (f"{output}: {len(data)} bytes, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
+        kept = f" ({rep.metadata_bytes} of them metadata)" if rep.metadata_bytes else ""
+        msg = (f"{output}: {len(data)} bytes{kept}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
                f"[{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
         msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
         click.echo(msg, err=True)
@@ -316,7 +338,7 @@ def decompress(input, output, model, device, jobs, force, quiet):
     t0 = time.perf_counter()
     with _progress(api.work_units(header), "decode", quiet) as tick:
         sources = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
-    blobs = [_image_bytes(images.to_pil(s), t) for s, t in zip(sources, targets)]
+    blobs = [_image_bytes(s, t, quiet) for s, t in zip(sources, targets)]
     if len(targets) > 1 or targets[0].parent == output:
         output.mkdir(parents=True, exist_ok=True)
     for b, t in zip(blobs, targets):
@@ -330,7 +352,7 @@ def decompress(input, output, model, device, jobs, force, quiet):
 @click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
 def info(input, as_json):
     """Show what a .sfc file holds (without decoding it)."""
-    from scoreflow_codec import api, container, zoo
+    from scoreflow_codec import api, container, metadata, zoo
 
     data = _read_sfc(input)
     h = api.read_header(data)
@@ -370,6 +392,15 @@ def info(input, as_json):
         click.echo(f"           {count} x {w}x{hh} {mode}")
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
+    kept = sorted((int(i), m["kept"]) for i, m in h.get("meta", {}).items() if "kept" in m and i.isdigit())
+    for i, k in kept[:20]:
+        name = h["meta"][str(i)].get("name")
+        click.echo(f"{'metadata:' if i == kept[0][0] else '':11s}{'image ' + str(i) if n > 1 else 'kept'}"
+                   f"{' (' + name + ')' if n > 1 and isinstance(name, str) else ''}: {metadata.describe(k)}")
+    if len(kept) > 20:
+        click.echo(f"           ... {len(kept) - 20} more images with metadata")
+    if not kept:
+        click.echo("metadata:  none (pixels only)")
     if api.seed_only(f):
         parts = f", in {len(f['parts'])} independent parts (decoded in parallel)" if "parts" in f else ""
         click.echo(f"stream:    the seed codec alone (classical, version {ss['seed']}), {f['n_tiles']} tile(s) "
@@ -393,13 +424,14 @@ def info(input, as_json):
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
 @JOBS_OPTION
+@METADATA_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, jobs, as_json, quiet):
-    """Compress and decompress in memory, check the pixels are identical, report size and time."""
-    from scoreflow_codec import api, images
+def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, jobs, keep_metadata, as_json, quiet):
+    """Compress and decompress in memory, check the pixels (and metadata) are identical, report size and time."""
+    from scoreflow_codec import api
 
-    sources = [images.load_image(p) for p in inputs]
+    sources = _load_images(inputs, keep_metadata)
     fallback = "off" if no_fallback else fallback
     m = _load_model(model, device, [s.size for s in sources], fallback)
     t0 = time.perf_counter()
@@ -409,7 +441,7 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
         back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
     t2 = time.perf_counter()
     api.check_identical(sources, back)
-    out = {"images": len(sources), "bytes": len(data), "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
+    out = {"images": len(sources), "bytes": len(data), "metadata_bytes": rep.metadata_bytes, "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
            "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
            "model_estimate_bpd": rep.model_estimate_bpd,
            "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
@@ -418,8 +450,10 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
     if as_json:
         click.echo(json.dumps(out))
     else:
-        click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes, {rep.bpd:.3f} bits/dim "
-                   f"[{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical")
+        kept = f" ({rep.metadata_bytes} of them metadata)" if rep.metadata_bytes else ""
+        click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes{kept}, {rep.bpd:.3f} bits/dim "
+                   f"[{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical"
+                   + ("" if not rep.metadata_bytes else ", metadata identical"))
 
 
 @cli.command(name="eval")

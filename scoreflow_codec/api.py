@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import __version__, container, images as imgs
+from . import __version__, container, images as imgs, metadata
 from .coding import stream, workers
 from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
 from .coding.seed_codec import shared_analyses
@@ -132,6 +132,7 @@ class CompressReport:
     # which the seed codec codes either way), "seed only" (fallback "seed": not asked for)
     model_skipped: str | None = None
     model_saving: "Saving | None" = None  # fallback "auto", seed tiles in the image's context: what decided
+    metadata_bytes: int = 0  # the images' metadata section with its length and CRC (file_bytes counts it)
 
     @property
     def model_estimate_bpd(self) -> float | None:
@@ -364,7 +365,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
                       "constriction": _constriction_version()},
         }
     head.update(images=_describe_images(sources), crc32=_images_crc(sources))
-    meta = {str(i): s.meta for i, s in enumerate(sources) if s.meta}
+    kept, section = metadata.pack([s.metadata for s in sources])  # ICC, EXIF ...: a section beside the payload
+    meta = {str(i): {**s.meta, "kept": k} if k else s.meta for i, (s, k) in enumerate(zip(sources, kept)) if s.meta or k}
     if meta:
         head["meta"] = meta
     dims = sum(s.num_dims for s in sources)
@@ -376,7 +378,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
         phase("seed codec")
         alt_ss = stream.seed_only_settings([im.color_shape for im in images])
         alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss, jobs=jobs)
-        best = (_pack(head, settings, alt_ss, alt_payload, alt_fields), alt_payload, alt_rep)
+        best = (_pack(head, settings, alt_ss, alt_payload, alt_fields, section), alt_payload, alt_rep)
         seed_bytes = len(best[0])
         if fallback == "auto" and not in_context:
             threshold = 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD
@@ -418,16 +420,17 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
             # a coder refused a value: the solver left the range it can code (steps far too few)
             hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
             raise SfcError(f"encoding failed ({e}); {hint}") from None
-        data = _pack(head, settings, ss, payload, fields)
+        data = _pack(head, settings, ss, payload, fields, section)
         model_bytes = len(data)
         if best is None or model_bytes <= len(best[0]):
             best = (data, payload, rep)
     elif progress:  # the model's stream was skipped: its work is done
         progress(compress_work_units(sources, model, mode, settings, ss, fallback))
     data, payload, rep = best
-    report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload), 32 * len(payload),
-                            rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes, seed_bytes,
-                            estimate, skipped, saving)
+    section_bytes = len(section) + 8 if section else 0
+    report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload) - section_bytes,
+                            32 * len(payload), rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes,
+                            seed_bytes, estimate, skipped, saving, section_bytes)
     return data, report
 
 
@@ -685,8 +688,10 @@ def tile_activity(tiles: np.ndarray) -> np.ndarray:
     return np.log2(1.0 + np.abs(x - med)).mean(axis=(1, 2, 3))
 
 
-def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict) -> bytes:
-    """The .sfc bytes of a stream: `head` (what does not depend on the stream) plus its coding."""
+def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict,
+          section: bytes = b"") -> bytes:
+    """The .sfc bytes of a stream: `head` (what does not depend on the stream) plus its coding, and
+    the images' metadata `section` (metadata.pack; format version 5 where there is one)."""
     so = seed_only(fields)
     header = {
         # a seed-only stream decodes without a model or floats: it leaves out the model and the
@@ -703,7 +708,7 @@ def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.nda
         "fields": fields,
         **{k: v for k, v in head.items() if k not in ("codec", "model", "mode") and not (so and k == "setup")},
     }
-    return container.pack(header, payload)
+    return container.pack(header, payload, section=section)
 
 
 def _seed_only_stream(ss: stream.StreamSettings) -> dict:
@@ -783,6 +788,7 @@ def _validate_fields(h: dict) -> None:
     meta = h.get("meta", {})
     if not isinstance(meta, dict) or not all(isinstance(v, dict) for v in meta.values()):
         raise BadFileError("corrupt header: per-image metadata is not an object of objects")
+    metadata.check_entries([v["kept"] for v in meta.values() if "kept" in v])  # what the section holds
     _validate_coding(h)
 
 
@@ -954,8 +960,9 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     file's model (None will do for a seed-only file, see needs_model). jobs: processes for a file in
     parts (compress's jobs; None: every usable core within the available memory)."""
     _check_jobs(jobs)
-    header, payload = container.unpack(data)
+    header, payload, section = container.unpack_all(data)
     _validate(header)
+    kept = metadata.unpack([m.get("kept", {}) for *_, m in _expand(header)], section)  # before the long part
     check_setup(header, model, device)
     shapes = _stream_shapes(header)
     use_model = needs_model(header)
@@ -979,8 +986,8 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
         raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None
     except BadFileError as e:
         raise BadFileError(f"{e}{_why(header)}") from None
-    sources = [imgs.SourceImage(mode, d.color, d.extra, meta)
-               for (w, hh, mode, meta), d in zip(_expand(header), decoded)]
+    sources = [imgs.SourceImage(mode, d.color, d.extra, {k: v for k, v in meta.items() if k != "kept"}, md)
+               for (w, hh, mode, meta), d, md in zip(_expand(header), decoded, kept)]
     try:
         crc = _images_crc(sources)
     except (SfcError, KeyError, ValueError, IndexError, TypeError, AttributeError):
@@ -1041,13 +1048,17 @@ def verify_is_cheap(sources: list[imgs.SourceImage], mode: str) -> bool:
 
 
 def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceImage]) -> None:
-    """Pixel-exact comparison of what was read and what came back (as Pillow images)."""
+    """Pixel-exact comparison of what was read and what came back (as Pillow images), and of their
+    metadata (ICC profile, EXIF ...)."""
     if len(sources) != len(decoded):
         raise DecodeMismatchError("decoded a different number of images than were encoded")
     for i, (a, b) in enumerate(zip(sources, decoded)):
         pa, pb = imgs.to_pil(a), imgs.to_pil(b)
         if pa.mode != pb.mode or pa.size != pb.size or not np.array_equal(np.asarray(pa), np.asarray(pb)):
             raise DecodeMismatchError(f"image {i}: decoded pixels differ from the input; nothing was written")
+        if a.metadata != b.metadata:
+            raise DecodeMismatchError(f"image {i}: decoded metadata (ICC, EXIF ...) differs from the input; "
+                                      "nothing was written")
 
 
 # --- evaluation: the model's bits/dim (bound, ODE NLL) on images -------------------------------

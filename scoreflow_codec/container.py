@@ -3,8 +3,9 @@
 Layout (all integers little-endian)::
 
     magic        8 bytes   b"\\x89SFC\\r\\n\\x1a\\n"  (PNG-style: catches text-mode mangling)
-    version      u16       FORMAT_VERSION (4; versions 1 to 3 differ only in the header's dictionary)
-    release      u16       versions 1 - 3: 0 (reserved). Version 4: the writer's release x.y.z as
+    version      u16       FORMAT_VERSION (4; 5 with a metadata section; versions 1 to 3 differ only in
+                           the header's dictionary)
+    release      u16       versions 1 - 3: 0 (reserved). Versions 4, 5: the writer's release x.y.z as
                            1 + (x << 12 | y << 6 | z), its "codec" string taken out of the JSON
                            (x < 15, y, z < 64); 0 where the header has no such release (the JSON
                            then carries "codec", if any)
@@ -16,6 +17,15 @@ Layout (all integers little-endian)::
     payload_len  u32       bytes, a multiple of 4
     payload      payload_len bytes: uint32 ANS words, little-endian
     payload_crc  u32       CRC32 of payload
+    (version 5 only: a file that keeps its images' metadata, metadata.py)
+    section_len  u32       bytes of the metadata section
+    section      section_len bytes (raw DEFLATE of the images' ICC profiles, EXIF, XMP, PNG chunks;
+                 what they are and how long, the header's per-image "kept" entries)
+    section_crc  u32       CRC32 of section
+
+A writer uses version 5 only for a file with metadata, so a file without any is version 4, byte for
+byte what 0.9.26 wrote, and a release before 0.9.27 refuses a file whose metadata it would drop
+("format version 5 not supported").
 
 28 bytes of framing plus the deflated header: a 32x32 image's file has to carry it, so the
 header is kept small (api.py omits settings that equal the format's defaults).
@@ -37,7 +47,7 @@ import numpy as np
 from .errors import BadFileError, UnsupportedVersionError
 
 MAGIC = b"\x89SFC\r\n\x1a\n"
-FORMAT_VERSION = 4          # what pack writes; unpack reads every version in ZDICTS
+FORMAT_VERSION = 4          # what pack writes (SECTION_VERSION with metadata); unpack reads every version in ZDICTS
 MAX_HEADER_BYTES = 1 << 20
 
 # Preset DEFLATE dictionaries, one per format version (never change one that files were written
@@ -101,8 +111,10 @@ ZDICT_V4 = ZDICT_V3 + (
     b'"torch":"2.13.0+cpu"},"stream":{"batching":"bits","seed":5}}'
     b'{"crc32":,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":1,"pad_words":2},'
     b'"images":[[32,32,"RGB",1]],"meta":{"0":{"name":".png"}},"mode":"chain","settings":{},"stream":{"seed":5}}')
-ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2, 3: ZDICT_V3, 4: ZDICT_V4}
+# Version 5 (0.9.27): version 4 and a metadata section after the payload (same header dictionary).
+ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2, 3: ZDICT_V3, 4: ZDICT_V4, 5: ZDICT_V4}
 RELEASE_FIELD = 4  # the first format version whose fixed header carries the release
+SECTION_VERSION = 5  # the first (and only) format version with a metadata section
 
 
 def release_field(codec: Any) -> int:
@@ -137,11 +149,16 @@ def _canonical_json(header: dict) -> bytes:
     ).encode("utf-8")
 
 
-def pack(header: dict, payload_words: np.ndarray, version: int = FORMAT_VERSION) -> bytes:
-    """Build the bytes of a .sfc file (format `version`: the latest unless a test asks for an older
-    one). Raises ValueError for a header we could not read back."""
+def pack(header: dict, payload_words: np.ndarray, version: int | None = None, section: bytes = b"") -> bytes:
+    """Build the bytes of a .sfc file: format `version` (by default FORMAT_VERSION, or
+    SECTION_VERSION where there is a metadata `section`; a test may ask for an older one). Raises
+    ValueError for a header we could not read back."""
+    if version is None:
+        version = SECTION_VERSION if section else FORMAT_VERSION
     if version not in ZDICTS:
         raise ValueError(f"no format version {version}")
+    if section and version < SECTION_VERSION:
+        raise ValueError(f"format version {version} has no metadata section")
     if not isinstance(header, dict):
         raise ValueError("header must be a dict")
     release = release_field(header.get("codec")) if version >= RELEASE_FIELD else 0
@@ -157,16 +174,13 @@ def pack(header: dict, payload_words: np.ndarray, version: int = FORMAT_VERSION)
         raise ValueError("payload_words must be a 1-D uint32 array")
     pb = words.astype("<u4").tobytes()
     head = _FIXED.pack(version, release, len(hb)) + hb
-    return b"".join(
-        [
-            MAGIC,
-            head,
-            _U32.pack(zlib.crc32(head)),
-            _U64.pack(len(pb)),
-            pb,
-            _U32.pack(zlib.crc32(pb)),
-        ]
-    )
+    parts = [MAGIC, head, _U32.pack(zlib.crc32(head)), _U64.pack(len(pb)), pb, _U32.pack(zlib.crc32(pb))]
+    if version >= SECTION_VERSION:
+        section = bytes(section)
+        if len(section) >= 1 << 32:
+            raise ValueError("metadata section over 4 GiB")
+        parts += [_U32.pack(len(section)), section, _U32.pack(zlib.crc32(section))]
+    return b"".join(parts)
 
 
 def _parse_header(data: bytes) -> tuple[dict, int, int]:
@@ -251,10 +265,18 @@ def format_version(data: bytes) -> int:
 
 
 def unpack(data: bytes) -> tuple[dict, np.ndarray]:
-    """(header, payload words as native uint32) from the bytes of a .sfc file, fully checked."""
-    header, pos, _ = _parse_header(data)
+    """(header, payload words as native uint32) from the bytes of a .sfc file, fully checked (the
+    metadata section of a version 5 file too)."""
+    header, words, _ = unpack_all(data)
+    return header, words
+
+
+def unpack_all(data: bytes) -> tuple[dict, np.ndarray, bytes]:
+    """(header, payload words, metadata section: b"" before version 5) of a .sfc file, fully checked."""
+    header, pos, version = _parse_header(data)
     data = memoryview(data)
     n = len(data)
+    has_section = version >= SECTION_VERSION
     if n < pos + _U64.size:
         raise BadFileError("truncated .sfc file: cut inside the payload length")
     (plen,) = _U64.unpack_from(data, pos)
@@ -265,7 +287,7 @@ def unpack(data: bytes) -> tuple[dict, np.ndarray]:
             f"truncated .sfc file: declared payload size ({plen} bytes) is larger than the file "
             f"(holds {max(0, rest - _U32.size)})"
         )
-    if plen + _U32.size < rest:
+    if plen + _U32.size < rest and not has_section:
         extra = rest - plen - _U32.size
         raise BadFileError(f"corrupt .sfc file: {extra} trailing bytes after the payload")
     if plen % 4:
@@ -277,7 +299,24 @@ def unpack(data: bytes) -> tuple[dict, np.ndarray]:
     words = np.frombuffer(payload, dtype="<u4").astype(np.uint32)
     if len(words) and words[-1] == 0:
         raise BadFileError("corrupt .sfc file: payload does not end in a nonzero ANS word")
-    return header, words
+    section = b""
+    if has_section:
+        pos += plen + _U32.size
+        if n < pos + _U32.size:
+            raise BadFileError("truncated .sfc file: cut inside the metadata section's length")
+        (slen,) = _U32.unpack_from(data, pos)
+        pos += _U32.size
+        rest = n - pos
+        if slen + _U32.size > rest:
+            raise BadFileError(f"truncated .sfc file: declared metadata section ({slen} bytes) is larger than "
+                               f"the file (holds {max(0, rest - _U32.size)})")
+        if slen + _U32.size < rest:
+            raise BadFileError(f"corrupt .sfc file: {rest - slen - _U32.size} trailing bytes after the metadata")
+        section = bytes(data[pos : pos + slen])
+        (crc,) = _U32.unpack_from(data, pos + slen)
+        if zlib.crc32(section) != crc:
+            raise BadFileError("corrupt .sfc file: metadata section CRC mismatch")
+    return header, words, section
 
 
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",

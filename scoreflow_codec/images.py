@@ -1,8 +1,8 @@
 """Reading and writing users' images, and what "lossless" means for each mode.
 
 Lossless here means: the decoded file holds exactly the pixels Pillow gives for the input, in the
-input's mode. EXIF orientation is not applied (a rotated JPEG comes back with the same stored
-pixels and the same orientation tag semantics lost, since only pixels are coded).
+input's mode. EXIF orientation is not applied: a rotated JPEG comes back with the same stored
+pixels, and its EXIF (metadata.py, kept unless dropped) holds the orientation tag.
 
 Modes coded:
   RGB, L, 1 (as L 0/255)         -> colour planes through the model
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from . import metadata as md
 from .errors import BadImageError, UnsupportedImageError
 
 LOSSLESS_SAVE = {".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP", ".ppm": "PPM",
@@ -43,6 +44,8 @@ class SourceImage:
     color: np.ndarray | None        # uint8 [C, H, W], C in {1, 3}: coded by the model
     extra: np.ndarray | None        # uint8 [E, H, W]: alpha or palette indices (seed codec)
     meta: dict = field(default_factory=dict)  # palette, transparency, constant alpha ...
+    # ICC profile, EXIF, XMP, PNG chunks, resolution: not pixels, kept for the user (metadata.py)
+    metadata: dict = field(default_factory=dict)
     # set once api.choose_palette_coding has chosen between colours and indices (not stored)
     coding_chosen: bool = field(default=False, compare=False)
 
@@ -84,8 +87,8 @@ def _split_alpha(arr: np.ndarray, meta: dict) -> np.ndarray | None:
     return _planes(a)
 
 
-def from_pil(img: Image.Image) -> SourceImage:
-    """Pillow image -> SourceImage, refusing what can't be coded losslessly."""
+def _pixels_from_pil(img: Image.Image) -> SourceImage:
+    """The pixels of a Pillow image, refusing what can't be coded losslessly."""
     if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
         raise UnsupportedImageError(f"animated images are not supported ({img.n_frames} frames); extract one frame first")
     mode = img.mode
@@ -116,6 +119,14 @@ def from_pil(img: Image.Image) -> SourceImage:
     if mode in ("P", "PA"):
         return _from_palette(img, meta)
     raise UnsupportedImageError(f"image mode {mode} is not supported")
+
+
+def from_pil(img: Image.Image) -> SourceImage:
+    """Pillow image -> SourceImage with its metadata (ICC profile, EXIF, ...: metadata.read),
+    refusing what can't be coded losslessly."""
+    src = _pixels_from_pil(img)
+    src.metadata = md.read(img)
+    return src
 
 
 def _from_palette(img: Image.Image, meta: dict, indices: bool = False) -> SourceImage:
@@ -157,7 +168,7 @@ def palette_as_indices(src: SourceImage) -> SourceImage | None:
         return None
     meta = {k: v for k, v in src.meta.items() if k not in ("palette_coded", "palette_used")}
     alt = _from_palette(to_pil(src), meta, indices=True)
-    alt.coding_chosen = src.coding_chosen
+    alt.coding_chosen, alt.metadata = src.coding_chosen, src.metadata
     return alt
 
 
@@ -252,8 +263,9 @@ def to_pil(src: SourceImage) -> Image.Image:
     return gray.convert("1") if src.mode == "1" else gray
 
 
-def encode_image(img: Image.Image, suffix: str) -> bytes:
-    """A lossless file of the format the suffix names (refuses lossy formats and modes a format can't hold)."""
+def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) -> bytes:
+    """A lossless file of the format the suffix names (refuses lossy formats and modes a format can't
+    hold), with as much of `metadata` as the format holds (metadata.save_options says what not)."""
     fmt = LOSSLESS_SAVE.get(suffix.lower())
     if fmt is None:
         raise UnsupportedImageError(f"output must be a lossless format ({', '.join(sorted(LOSSLESS_SAVE))}), not {suffix!r}")
@@ -264,8 +276,15 @@ def encode_image(img: Image.Image, suffix: str) -> bytes:
     if fmt == "BMP" and img.mode in ("LA", "PA"):
         raise UnsupportedImageError(f"BMP cannot hold mode {img.mode}; use .png")
     kw: dict = {"lossless": True, "exact": True} if fmt == "WEBP" else {}
+    kw.update(md.save_options(metadata or {}, fmt)[0])
     if fmt == "PNG" and "transparency" in img.info:
         kw["transparency"] = img.info["transparency"]
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
     return buf.getvalue()
+
+
+def metadata_dropped(metadata: dict, suffix: str) -> list[str]:
+    """What of `metadata` a file of this suffix's format cannot hold (names, metadata.NAMES)."""
+    fmt = LOSSLESS_SAVE.get(suffix.lower())
+    return md.save_options(metadata, fmt)[1] if fmt else []

@@ -334,6 +334,82 @@ def test_round_trip_through_the_model(image, model_a, tmp_path, mode):
         assert_same_pixels(s, outdir / s.name)
 
 
+def _png_with_metadata(path: Path, seed: int = 0) -> Path:
+    """An RGB PNG with an ICC profile, EXIF (orientation 6), XMP, a text chunk, gamma and 300 dpi."""
+    from PIL import ImageCms, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Title", "a photograph")
+    info.add_itxt("XML:com.adobe.xmp", "<x:xmpmeta/>")
+    info.add(b"gAMA", struct.pack(">I", 45455))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(_smooth_rgb(21, 26, seed), "RGB").save(
+        path, pnginfo=info, exif=exif.tobytes(), dpi=(300, 300),
+        icc_profile=ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes())
+    return path
+
+
+def test_metadata_is_kept(model_a, tmp_path):
+    """ICC profile, EXIF, XMP, text, gamma and resolution come back in the PNG that decompress writes;
+    info names them; a format that cannot hold some says so in one warning; --no-metadata drops them."""
+    from scoreflow_codec import container, images
+
+    src = _png_with_metadata(tmp_path / "photo.png")
+    want = images.load_image(src).metadata
+    assert set(want) == {"icc", "exif", "xmp", "text", "gamma", "dpi"}
+    sfc, out = tmp_path / "photo.sfc", tmp_path / "out.png"
+    r = sfcodec("compress", src, "-o", sfc, "--model", model_a)
+    assert_ok(r)
+    assert " of them metadata)" in r.stderr and container.format_version(sfc.read_bytes()) == 5
+    info = sfcodec("info", sfc)
+    assert_ok(info)
+    assert "metadata:  kept: ICC profile 588 bytes, EXIF" in info.stdout and "XMP 12 bytes" in info.stdout
+    assert_ok(sfcodec("decompress", sfc, "-o", out, "-q"))
+    assert_same_pixels(src, out)
+    assert images.load_image(out).metadata == want
+    with Image.open(out) as im:
+        assert im.getexif()[0x0112] == 6
+    # a BMP holds the resolution only: one warning line, the file written all the same
+    r = sfcodec("decompress", sfc, "-o", tmp_path / "out.bmp")
+    assert_ok(r)
+    warn = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+    assert warn == ["sfcodec: warning: out.bmp: BMP cannot hold the image's ICC profile, EXIF, XMP, gamma, PNG text: "
+                    "not written (a .png keeps them)"]
+    assert_same_pixels(src, tmp_path / "out.bmp")
+    r = sfcodec("decompress", sfc, "-o", tmp_path / "q.bmp", "-q")
+    assert_ok(r)
+    assert r.stderr == ""
+    v = sfcodec("verify", src, "--model", model_a)
+    assert_ok(v)
+    assert v.stdout.rstrip().endswith("pixels identical, metadata identical")
+    # --no-metadata: the pixels only, a version 4 file as before 0.9.27, smaller
+    bare = tmp_path / "bare.sfc"
+    assert_ok(sfcodec("compress", src, "-o", bare, "--model", model_a, "--no-metadata", "-q"))
+    assert container.format_version(bare.read_bytes()) == 4 and len(bare.read_bytes()) < len(sfc.read_bytes())
+    assert "metadata:  none (pixels only)" in sfcodec("info", bare).stdout
+    assert_ok(sfcodec("decompress", bare, "-o", tmp_path / "bare.png", "-q"))
+    assert images.load_image(tmp_path / "bare.png").metadata == {}
+    assert json.loads(sfcodec("verify", src, "--model", model_a, "--json", "--no-metadata").stdout)["metadata_bytes"] == 0
+
+
+def test_metadata_in_a_model_stream(model_a, tmp_path):
+    """The metadata section beside a stream the model coded (not only the seed codec's files)."""
+    from scoreflow_codec import images
+
+    filler = save_png(Image.fromarray(_smooth_rgb(32, 32 * 5), "RGB"), tmp_path / "filler.png")
+    photo = _png_with_metadata(tmp_path / "photo.png", seed=3)
+    sfc, outdir = tmp_path / "set.sfc", tmp_path / "out"
+    with first_seed_tiles():
+        assert_ok(sfcodec("compress", filler, photo, "-o", sfc, "--model", model_a, "--steps", STEPS["chain"],
+                          "--no-fallback", "-q"))
+    h = json.loads(sfcodec("info", sfc, "--json").stdout)
+    assert h["fields"]["n_seed"] < h["fields"]["n_tiles"] and "kept" in h["meta"]["1"] and "kept" not in h["meta"]["0"]
+    assert_ok(sfcodec("decompress", sfc, "-o", outdir, "--model", model_a, "-q"))
+    assert images.load_image(outdir / "photo.png").metadata == images.load_image(photo).metadata
+    assert images.load_image(outdir / "filler.png").metadata == {}
+
+
 @pytest.mark.parametrize("mode", ["ode", "chain"])
 def test_multi_image(image, model_a, tmp_path, mode):
     srcs = [image("rgb_31x33", "a.png"), image("L", "b.png"), image("RGBA", "c.png")]

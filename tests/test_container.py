@@ -13,15 +13,18 @@ from scoreflow_codec.container import (
     FORMAT_VERSION,
     MAGIC,
     MAX_HEADER_BYTES,
+    SECTION_VERSION,
     format_version,
     pack,
     peek_header,
     require,
     unpack,
+    unpack_all,
 )
 from scoreflow_codec.errors import BadFileError, UnsupportedVersionError
 
-GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2, 3, 4)}
+GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2, 3, 4, 5)}
+GOLDEN_SECTIONS = {5: b"\x01an opaque metadata section\xff"}  # version 5: a section after the payload
 GOLDEN = GOLDENS[1]
 GOLDEN_HEADER = {
     "format": "sfc",
@@ -36,9 +39,11 @@ GOLDEN_WORDS = np.array([1674306020, 72105175, 3868737664, 2503666544, 194322314
 def test_golden_bitstream(version):
     # A change here is a format change: bump FORMAT_VERSION and keep reading the older versions.
     data = GOLDENS[version].read_bytes()
-    assert pack(GOLDEN_HEADER, GOLDEN_WORDS, version=version) == data
+    section = GOLDEN_SECTIONS.get(version, b"")
+    assert pack(GOLDEN_HEADER, GOLDEN_WORDS, version=version, section=section) == data
     header, words = unpack(data)
     assert header == GOLDEN_HEADER and np.array_equal(words, GOLDEN_WORDS)
+    assert unpack_all(data)[2] == section
     assert words.dtype == np.uint32
     assert peek_header(data) == GOLDEN_HEADER
     assert format_version(data) == version
@@ -46,10 +51,36 @@ def test_golden_bitstream(version):
 
 
 def test_pack_writes_the_latest_version():
-    assert FORMAT_VERSION == max(ZDICTS) == 4
+    # 4 without metadata; 5 (0.9.27) only for a file with a metadata section (test_metadata)
+    assert FORMAT_VERSION == 4 and SECTION_VERSION == max(ZDICTS) == 5
     assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == GOLDENS[4].read_bytes()
     with pytest.raises(ValueError):
-        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=5)
+        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=6)
+    with pytest.raises(ValueError, match="no metadata section"):
+        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=4, section=b"x")
+
+
+def test_version_5_carries_a_metadata_section():
+    """A file with metadata (metadata.py) is version 5: version 4's bytes, then the section's length,
+    bytes and CRC32; one without is version 4, as before 0.9.27. Every damage to the section is refused."""
+    sec = GOLDEN_SECTIONS[5]
+    v4, v5 = GOLDENS[4].read_bytes(), pack(GOLDEN_HEADER, GOLDEN_WORDS, section=sec)
+    assert format_version(v5) == 5 and v5 == GOLDENS[5].read_bytes()
+    # the same bytes as version 4 but the version (and so the header CRC) and the section's 8 + n bytes
+    as4 = bytearray(v5[: len(v4)])
+    as4[8:10] = b"\x04\x00"
+    hend = 16 + struct.unpack_from("<I", as4, 12)[0]
+    as4[hend:hend + 4] = struct.pack("<I", zlib.crc32(bytes(as4[8:hend])))
+    assert bytes(as4) == v4 and v5[8:10] == b"\x05\x00"
+    assert len(v5) == len(v4) + 8 + len(sec) and v5[-8 - len(sec):-4] == struct.pack("<I", len(sec)) + sec
+    assert v5[-4:] == struct.pack("<I", zlib.crc32(sec))
+    assert unpack_all(v4)[2] == b"" and unpack_all(pack(GOLDEN_HEADER, GOLDEN_WORDS, version=5))[2] == b""
+    assert "metadata section's length" in _msg(v5[: len(v5) - len(sec) - 8 + 2])
+    assert "declared metadata section" in _msg(v5[:-1])
+    assert "trailing bytes after the metadata" in _msg(v5 + b"\0")
+    assert "metadata section CRC" in _msg(v5[:-6] + bytes([v5[-6] ^ 1]) + v5[-5:])
+    # a version 4 file with bytes after its payload: trailing bytes, never a section
+    assert "trailing bytes after the payload" in _msg(v4 + struct.pack("<I", 0) + struct.pack("<I", 0))
 
 
 def test_version_2_headers_are_smaller():
@@ -198,8 +229,8 @@ def test_each_error_says_what_is_wrong():
     assert "trailing" in _msg(_rebuild(header=_deflate(b"{}") + b"x", raw=True))
     assert "inflates beyond" in _msg(_rebuild(header=b'{"a":"' + b"a" * (MAX_HEADER_BYTES + 10) + b'"}'))
     with pytest.raises(UnsupportedVersionError) as e:
-        unpack(_rebuild(version=5))
-    assert str(e.value) == "format version 5 not supported by this release (reads versions 1 to 4)"
+        unpack(_rebuild(version=6))
+    assert str(e.value) == "format version 6 not supported by this release (reads versions 1 to 5)"
     with pytest.raises(UnsupportedVersionError):
         peek_header(_rebuild(version=0))
     # a header deflated with one version's dictionary, labelled (CRC and all) as the other version

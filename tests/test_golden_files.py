@@ -63,13 +63,16 @@ def test_golden_files_exist():
     # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from
     # 0.9.1 (the release in the fixed header); the same image as seed-h6 (0.6.0), seed-f2's file is
     # 26 bytes smaller, all of it header
+    # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept
     versions = {p.stem: container.format_version(p.read_bytes()) for p in FILES}
     for p in FILES:
-        r = _release(p)
-        assert versions[p.stem] == (4 if r >= (0, 9, 1) else 3 if r >= (0, 9) else 2 if r >= (0, 8) else 1), p.stem
+        r, kept = _release(p), any("kept" in m for m in api.read_header(p.read_bytes()).get("meta", {}).values())
+        assert versions[p.stem] == (5 if kept else 4 if r >= (0, 9, 1) else 3 if r >= (0, 9) else 2 if r >= (0, 8)
+                                    else 1), p.stem
+        assert not kept or r >= (0, 9, 27)
     assert versions["seed-f2"] == versions["cifar10-x6"] == 2 and versions["seed-h6"] == 1
     assert versions["cifar10-x7"] == versions["seed-x5"] == 3 and versions["seed-f4"] == 4
-    assert set(versions.values()) == {1, 2, 3, 4}
+    assert versions["seed-meta"] == 5 and set(versions.values()) == {1, 2, 3, 4, 5}
     # format version 4 holds the release in the fixed header: seed-f2's image written by 0.9.1 is
     # the same 1,219 bytes as 0.8.0's file (a 27-byte header; in version 3 the new release would
     # have cost 3 bytes)
@@ -118,10 +121,12 @@ def _decode(path: Path):
 
 
 def _same(decoded, path: Path) -> None:
+    """The pixels of the PNGs beside the file, and their metadata (none in the files before 0.9.27)."""
     want = _pngs(path)
     assert len(decoded) == len(want) > 0
     for k, (src, w) in enumerate(zip(decoded, want)):
         assert np.array_equal(np.asarray(images.to_pil(src)), w), f"{path.stem}-{k}.png"
+        assert src.metadata == images.load_image(GOLDEN / f"{path.stem}-{k}.png").metadata, f"{path.stem}-{k}.png"
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _arith(p) == "exact64"], ids=lambda p: p.stem)

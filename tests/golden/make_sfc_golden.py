@@ -88,6 +88,10 @@ CASES = {
     # 0.9.26: a seed codec file in independent parts (stream.in_parts: the first image's 512x512
     # pixels fill a part, so the second image starts another)
     "seed-parts": ("photo", [(512, 512), (40, 24)], ["--fallback", "seed"], "graphic"),
+    # 0.9.27: format version 5, the images' metadata kept (metadata.py): the first PNG with an ICC
+    # profile, EXIF (orientation 6), XMP, text chunks, gamma, chromaticities and a resolution, the
+    # second with a text chunk only
+    "seed-meta": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "meta"),
 }
 
 
@@ -137,13 +141,34 @@ def synthetic_graphic(width: int, height: int, k: int) -> np.ndarray:
     return out
 
 
+def png_metadata(k: int) -> dict:
+    """Pillow save() arguments for case "meta"'s k-th PNG."""
+    import struct
+
+    from PIL import ImageCms, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Title", f"golden {k}")
+    if k:
+        return {"pnginfo": info}
+    info.add_itxt("Description", "Größe, 色", "de", "Beschreibung")
+    info.add_itxt("XML:com.adobe.xmp", '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF/></x:xmpmeta>')
+    info.add(b"gAMA", struct.pack(">I", 45455))
+    info.add(b"cHRM", struct.pack(">8I", 31270, 32900, 64000, 33000, 30000, 60000, 15000, 6000))
+    exif = Image.Exif()
+    exif[0x0112], exif[0x010F] = 6, "golden camera"
+    return {"pnginfo": info, "exif": exif.tobytes(), "dpi": (300, 300),
+            "icc_profile": ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()}
+
+
 def make(name: str) -> None:
     model, sizes, extra, *kind = CASES[name]
-    make_image = {"chroma": synthetic_chroma, "chroma4": synthetic_chroma4, "graphic": synthetic_graphic}.get(kind[0] if kind else None, synthetic)
+    kinds = {"chroma": synthetic_chroma, "chroma4": synthetic_chroma4, "graphic": synthetic_graphic, "meta": synthetic_chroma4}
+    make_image = kinds.get(kind[0] if kind else None, synthetic)
     pngs = []
     for k, (w, h) in enumerate(sizes):
         p = HERE / f"{name}-{k}.png"
-        Image.fromarray(make_image(w, h, k)).save(p)
+        Image.fromarray(make_image(w, h, k)).save(p, **(png_metadata(k) if kind == ["meta"] else {}))
         pngs.append(str(p))
     sfc = HERE / f"{name}.sfc"
     subprocess.run(["sfcodec", "compress", *pngs, "-o", str(sfc), "--model", model, "--force", *extra],

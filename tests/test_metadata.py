@@ -1,0 +1,283 @@
+"""An image's metadata (metadata.py): read from each input format, written back where the output
+format holds it, stored in a .sfc file's section (format version 5), refused cleanly when corrupt.
+
+The PNG checks read the written file's chunks by hand (the PNG specification's layout), not
+through Pillow, which wrote them."""
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from PIL import Image, ImageCms, PngImagePlugin
+
+from scoreflow_codec import api, container, images, metadata as md
+from scoreflow_codec.errors import BadFileError, DecodeMismatchError, UnsupportedImageError
+
+ICC = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+XMP = '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF>Größe</rdf:RDF></x:xmpmeta>'
+
+
+def _exif(orientation: int = 6) -> bytes:
+    e = Image.Exif()
+    e[0x0112], e[0x010F] = orientation, "Camera"
+    return e.tobytes()  # Pillow's "Exif\0\0" + TIFF structure
+
+
+def _pixels(h=20, w=30, seed=0) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _png(img: Image.Image | None = None, *, icc=True, exif=True, xmp=True, text=True, colour=True, dpi=True,
+         srgb=False) -> bytes:
+    info = PngImagePlugin.PngInfo()
+    if text:
+        info.add_text("Title", "a title")
+        info.add_itxt("Description", "ünï 色", "de", "Beschreibung")
+    if xmp:
+        info.add_itxt("XML:com.adobe.xmp", XMP)
+    if colour:
+        info.add(b"gAMA", struct.pack(">I", 45455))
+        info.add(b"cHRM", struct.pack(">8I", 31270, 32900, 64000, 33000, 30000, 60000, 15000, 6000))
+    if srgb:
+        info.add(b"sRGB", b"\x01")
+    kw = {"pnginfo": info}
+    if icc:
+        kw["icc_profile"] = ICC
+    if exif:
+        kw["exif"] = _exif()
+    if dpi:
+        kw["dpi"] = (300, 300)
+    buf = io.BytesIO()
+    (img or _pixels()).save(buf, "PNG", **kw)
+    return buf.getvalue()
+
+
+def _load(data: bytes, tmp_path, name="in.png") -> images.SourceImage:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return images.load_image(p)
+
+
+def _reload(data: bytes) -> images.SourceImage:
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        return images.from_pil(im)
+
+
+def _chunks(png: bytes) -> list[tuple[bytes, bytes]]:
+    """(type, data) of every chunk, CRCs checked: the PNG specification's layout."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    out, pos = [], 8
+    while pos < len(png):
+        (n,) = struct.unpack_from(">I", png, pos)
+        kind, data = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + n]
+        assert struct.unpack_from(">I", png, pos + 8 + n)[0] == zlib.crc32(kind + data)
+        out.append((kind, data))
+        pos += 12 + n
+    return out
+
+
+# --- reading ------------------------------------------------------------------------------------
+def test_read_a_png(tmp_path):
+    m = _load(_png(), tmp_path).metadata
+    assert m["icc"] == ICC
+    assert m["exif"] == _exif()[6:] and m["exif"][:2] == b"MM"  # the "Exif\0\0" prefix taken off
+    assert m["xmp"] == XMP.encode("utf-8")
+    assert m["text"] == [["Title", "a title"], ["Description", "ünï 色", "de", "Beschreibung"]]  # not the XMP
+    assert m["gamma"] == 0.45455 and m["chromaticity"] == [0.3127, 0.329, 0.64, 0.33, 0.3, 0.6, 0.15, 0.06]
+    assert m["dpi"] == [pytest.approx(300, abs=0.01)] * 2
+    assert set(m) == {"icc", "exif", "xmp", "text", "gamma", "chromaticity", "dpi"}
+    assert _load(_png(icc=False, exif=False, xmp=False, text=False, colour=False, dpi=False), tmp_path).metadata == {}
+    assert images.from_array(np.zeros((3, 4, 3), np.uint8)).metadata == {}
+
+
+def test_read_a_jpeg_and_a_webp(tmp_path):
+    """JPEG (lossy, but its pixels are what Pillow gives) and WebP carry ICC, EXIF and XMP."""
+    for fmt, kw in (("JPEG", {"quality": 95}), ("WEBP", {"lossless": True})):
+        buf = io.BytesIO()
+        _pixels().save(buf, fmt, icc_profile=ICC, exif=_exif(), xmp=XMP.encode(), **kw)
+        m = _load(buf.getvalue(), tmp_path, f"in.{fmt.lower()}").metadata
+        assert m["icc"] == ICC and m["exif"] == _exif()[6:] and m["xmp"] == XMP.encode(), fmt
+
+
+# --- writing ------------------------------------------------------------------------------------
+def test_png_keeps_everything(tmp_path):
+    src = _load(_png(), tmp_path)
+    out = images.encode_image(images.to_pil(src), ".png", src.metadata)
+    chunks = _chunks(out)
+    kinds = [k for k, _ in chunks]
+    # the colour chunks before the image data, as the PNG specification requires
+    assert all(kinds.index(k) < kinds.index(b"IDAT") for k in (b"iCCP", b"gAMA", b"cHRM", b"pHYs"))
+    data = dict(chunks)
+    name, rest = data[b"iCCP"].split(b"\0", 1)
+    assert rest[0] == 0 and zlib.decompress(rest[1:]) == ICC
+    assert data[b"eXIf"] == src.metadata["exif"]
+    assert struct.unpack(">I", data[b"gAMA"]) == (45455,)
+    assert struct.unpack(">8I", data[b"cHRM"]) == (31270, 32900, 64000, 33000, 30000, 60000, 15000, 6000)
+    assert struct.unpack(">IIB", data[b"pHYs"]) == (11811, 11811, 1)  # 300 dpi in pixels per metre
+    itxt = [d for k, d in chunks if k == b"iTXt"]
+    assert any(d.startswith(b"XML:com.adobe.xmp\0\0\0\0\0") and d.endswith(XMP.encode()) for d in itxt)
+    assert b"tEXt" in kinds and _reload(out).metadata == src.metadata
+    assert images.metadata_dropped(src.metadata, ".png") == []
+
+
+def test_other_formats_keep_what_they_hold(tmp_path):
+    src = _load(_png(), tmp_path)
+    held = {".webp": {"icc", "exif", "xmp"}, ".tif": {"icc", "dpi"}, ".bmp": {"dpi"}, ".ppm": set()}
+    for suffix, keeps in held.items():
+        dropped = images.metadata_dropped(src.metadata, suffix)
+        assert sorted(dropped) == sorted(md.NAMES[k] for k in src.metadata if k not in keeps), suffix
+        back = _reload(images.encode_image(images.to_pil(src), suffix, src.metadata)).metadata
+        for k in keeps - {"dpi"}:
+            assert back[k] == src.metadata[k], (suffix, k)
+        if "dpi" in keeps:  # TIFF keeps a rational, BMP whole pixels per metre
+            assert back["dpi"] == [pytest.approx(300, abs=0.02)] * 2, suffix
+        assert not {"text", "gamma", "chromaticity"} & set(back), suffix
+
+
+def test_png_drops_what_it_cannot_hold():
+    both = {"icc": ICC, "srgb": 0}  # PNG holds a profile or an sRGB intent, not both
+    assert md.save_options(both, "PNG")[1] == ["sRGB intent (beside an ICC profile)"]
+    assert md.save_options({"srgb": 2}, "PNG")[1] == []
+    assert md.save_options({"xmp": b"\xff\xfe<x/>"}, "PNG")[1] == ["XMP (not UTF-8)"]
+    chunks = dict(_chunks(images.encode_image(_pixels(), ".png", {"srgb": 2})))
+    assert chunks[b"sRGB"] == b"\x02"
+
+
+def test_exif_orientation_survives_a_jpeg_to_png(tmp_path):
+    """A phone's JPEG, stored rotated with orientation 6: the PNG that decompress writes has the same
+    stored pixels and the tag, so a viewer turns it as it turned the JPEG."""
+    buf = io.BytesIO()
+    _pixels().save(buf, "JPEG", exif=_exif(6))
+    src = _load(buf.getvalue(), tmp_path, "phone.jpg")
+    data, _ = api.compress([src], None, fallback="seed")
+    back = api.decompress(data)[0]
+    png = Image.open(io.BytesIO(images.encode_image(images.to_pil(back), ".png", back.metadata)))
+    assert png.getexif()[0x0112] == 6 and png.size == (30, 20)
+
+
+# --- the .sfc section -----------------------------------------------------------------------------
+def test_pack_and_unpack(tmp_path):
+    full = _load(_png(), tmp_path).metadata
+    mds = [full, {}, {"dpi": [72.0, 72.0]}, {"icc": b"x" * 5000}]
+    entries, section = md.pack(mds)
+    assert entries[0] == {"icc": len(ICC), "exif": len(full["exif"]), "xmp": len(full["xmp"]),
+                          "info": len(md._info_blob(full))}
+    assert entries[1] == {} and entries[2] == {"info": len(b'{"dpi":[72.0,72.0]}')} and entries[3] == {"icc": 5000}
+    raw = zlib.decompress(section, -15)
+    assert raw == ICC + full["exif"] + full["xmp"] + md._info_blob(full) + b'{"dpi":[72.0,72.0]}' + b"x" * 5000
+    assert md.unpack(entries, section) == mds
+    assert md.pack([{}, {}]) == ([{}, {}], b"") and md.unpack([{}, {}], b"") == [{}, {}]
+    assert json.loads(md._info_blob({"gamma": 1.0}))["gamma"] == 1.0 and md.unpack(*md.pack([{"gamma": 1.0}]))[0]["gamma"] == 1.0
+
+
+def test_metadata_over_the_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(md, "MAX_BYTES", 100)
+    md.pack([{"icc": b"x" * 100}])
+    with pytest.raises(UnsupportedImageError, match="--no-metadata"):
+        md.pack([{"icc": b"x" * 60}, {"exif": b"y" * 41}])
+
+
+def _refused(entries, section, words=""):
+    with pytest.raises(BadFileError) as e:
+        md.unpack(entries, section)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_corrupt_sections_are_refused():
+    entries, section = md.pack([{"icc": b"abc" * 100, "gamma": 0.5}])
+    _refused(entries, section[:-1], "does not hold")
+    _refused(entries, section + b"\0", "does not hold")
+    _refused(entries, b"\xff" * 10, "does not inflate")
+    _refused([{}], section, "no image lists")
+    _refused([{"icc": 299, "info": entries[0]["info"]}], section, "does not hold")  # one byte short
+    _refused([{"icc": 301, "info": entries[0]["info"]}], section, "does not hold")
+    bomb = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = bomb.compress(b"\0" * (1 << 24)) + bomb.flush()
+    _refused([{"icc": 10}], bomb, "does not hold")  # inflates 11 bytes, not 16 MiB, then stops
+    for bad in ([{"icc": 0}], [{"icc": -1}], [{"icc": True}], [{"icc": 1.0}], [{"nope": 3}], [{}], ["x"],
+                [{"icc": md.MAX_BYTES + 1}], [{"icc": md.MAX_BYTES}, {"exif": 1}]):
+        with pytest.raises(BadFileError, match="corrupt header"):
+            md.check_entries(bad)
+
+
+@pytest.mark.parametrize("info", [
+    b"not json", b"[]", b"{}", b'{"nope":1}', b'{"gamma":0}', b'{"gamma":-1}', b'{"gamma":"1"}', b'{"gamma":1e999}',
+    b'{"srgb":4}', b'{"srgb":true}', b'{"srgb":1.0}', b'{"dpi":[0,1]}', b'{"dpi":[1]}', b'{"dpi":[1,2,3]}',
+    b'{"chromaticity":[1,2]}', b'{"chromaticity":[-1,0,0,0,0,0,0,0]}', b'{"text":[]}', b'{"text":[["k"]]}',
+    b'{"text":[["k","v","l"]]}', b'{"text":[["","v"]]}', '{"text":[["色","v"]]}'.encode(), b'{"text":[["k\\u0000","v"]]}',
+    b'{"text":[["k","v","l\\u0000","t"]]}', b'{"text":[["k","\\ud800"]]}', b'{"text":[["' + b"k" * 80 + b'","v"]]}',
+    b'{"text":[["k",1]]}', b"\xff"])
+def test_bad_info_is_refused(info):
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    _refused([{"info": len(info)}], comp.compress(info) + comp.flush(), "bad metadata")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(md.INFO_KEYS + ("x",)), c, max_size=4),
+                    max_leaves=12))
+def test_any_info_json_decodes_or_is_refused(value):
+    """Whatever JSON the info blob holds: refused, or metadata that a PNG can be written with."""
+    info = json.dumps(value).encode()
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    try:
+        (m,) = md.unpack([{"info": len(info)}], comp.compress(info) + comp.flush())
+    except BadFileError:
+        return
+    images.encode_image(_pixels(4, 4), ".png", m)
+
+
+# --- through the codec -----------------------------------------------------------------------------
+def test_a_file_keeps_its_images_metadata(tmp_path):
+    a, b = _load(_png(), tmp_path, "a.png"), _load(_png(_pixels(seed=1), icc=False, exif=False, colour=False), tmp_path, "b.png")
+    data, rep = api.compress([a, b], None, fallback="seed")
+    assert container.format_version(data) == 5
+    h = api.read_header(data)
+    assert set(h["meta"]["0"]["kept"]) == {"icc", "exif", "xmp", "info"} and set(h["meta"]["1"]["kept"]) == {"xmp", "info"}
+    back = api.decompress(data)
+    assert [s.metadata for s in back] == [a.metadata, b.metadata] and all("kept" not in s.meta for s in back)
+    api.check_identical([a, b], back)
+    # the same pixels without metadata: a version 4 file (as 0.9.26 wrote), the same payload
+    bare = [images.SourceImage(s.mode, s.color, s.extra, dict(s.meta)) for s in (a, b)]
+    data0, rep0 = api.compress(bare, None, fallback="seed")
+    assert container.format_version(data0) == 4 and "meta" not in api.read_header(data0)
+    assert np.array_equal(container.unpack(data)[1], container.unpack(data0)[1])
+    assert rep.metadata_bytes == len(container.unpack_all(data)[2]) + 8 and rep0.metadata_bytes == 0
+    assert rep.file_bytes == rep.header_bytes + rep.payload_bits // 8 + rep.metadata_bytes
+    assert [s.metadata for s in api.decompress(data0)] == [{}, {}]
+    with pytest.raises(DecodeMismatchError, match="metadata"):
+        api.check_identical([a, b], api.decompress(data0))
+
+
+def test_palette_coded_as_indices_keeps_its_metadata(tmp_path):
+    """choose_palette_coding may swap a palette image for its index plane: the metadata goes along."""
+    idx = np.random.default_rng(2).integers(0, 200, (40, 40)).astype(np.uint8)
+    im = Image.frombytes("P", (40, 40), idx.tobytes())
+    im.putpalette(bytes(range(256)) * 3)
+    buf = io.BytesIO()
+    im.save(buf, "PNG", icc_profile=ICC)
+    src = _load(buf.getvalue(), tmp_path)
+    assert images.palette_as_indices(src).metadata == src.metadata == {"icc": ICC}
+    back = api.decompress(api.compress([src], None, fallback="seed")[0])[0]
+    assert back.metadata == {"icc": ICC}
+
+
+def test_a_damaged_section_or_header_entry_is_refused(tmp_path):
+    src = _load(_png(), tmp_path)
+    data, _ = api.compress([src], None, fallback="seed")
+    header, words, section = container.unpack_all(data)
+    for h, sec, version, words_ in (
+            (header, section, 4, "does not hold"),  # the section left out (a version 4 file)
+            (header, section[:-2], 5, "does not hold"),
+            ({**header, "meta": {"0": {**header["meta"]["0"], "kept": {"icc": 10}}}}, section, 5, "does not hold"),
+            ({**header, "meta": {"0": {**header["meta"]["0"], "kept": {"icc": "10"}}}}, section, 5, "corrupt header"),
+            ({**header, "meta": {"5": {"kept": {"icc": 10}}}}, section, 5, "no image lists")):
+        bad = container.pack(h, words, version=version, section=sec if version == 5 else b"")
+        with pytest.raises(BadFileError, match=words_):
+            api.decompress(bad)
