@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import tracemalloc
 import zlib
 
 import numpy as np
@@ -199,7 +200,11 @@ def test_corrupt_sections_are_refused():
     _refused([{"icc": 301, "info": entries[0]["info"]}], section, "does not hold")
     bomb = zlib.compressobj(9, zlib.DEFLATED, -15)
     bomb = bomb.compress(b"\0" * (1 << 24)) + bomb.flush()
+    tracemalloc.start()
     _refused([{"icc": 10}], bomb, "does not hold")  # inflates 11 bytes, not 16 MiB, then stops
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20, peak
     for bad in ([{"icc": 0}], [{"icc": -1}], [{"icc": True}], [{"icc": 1.0}], [{"nope": 3}], [{}], ["x"],
                 [{"icc": md.MAX_BYTES + 1}], [{"icc": md.MAX_BYTES}, {"exif": 1}]):
         with pytest.raises(BadFileError, match="corrupt header"):
@@ -281,3 +286,6 @@ def test_a_damaged_section_or_header_entry_is_refused(tmp_path):
         bad = container.pack(h, words, version=version, section=sec if version == 5 else b"")
         with pytest.raises(BadFileError, match=words_):
             api.decompress(bad)
+        if words_ == "corrupt header":  # refused from the header alone (sfcodec info)
+            with pytest.raises(BadFileError, match=words_):
+                api.read_header(bad)
