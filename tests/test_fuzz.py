@@ -457,3 +457,82 @@ def test_random_parts(parts_file, monkeypatch, data):
     else:
         api.check_identical(srcs, back)
     assert time.perf_counter() - t0 < MAX_SECONDS
+
+
+# --- the metadata section (format version 5, 0.9.27) -------------------------------------------
+@pytest.fixture(scope="module")
+def meta_file():
+    """A seed codec file (fast to decode) of two images, the first with metadata in the section."""
+    rng = np.random.default_rng(5)
+    a, b = images.from_array(rng.integers(0, 256, (12, 9, 3), np.uint8)), images.from_array(rng.integers(0, 256, (5, 4), np.uint8))
+    a.metadata = {"icc": bytes(range(256)) * 3, "exif": b"MM\0*" + bytes(20), "text": [["k", "v"]], "dpi": [72.0, 72.0]}
+    data, _ = api.compress([a, b], None, fallback="seed")
+    assert container.format_version(data) == 5 and api.decompress(data)[0].metadata == a.metadata
+    return data
+
+
+def _with_section(data: bytes, section: bytes, edit=None) -> bytes:
+    header, words, _ = container.unpack_all(data)
+    h = copy.deepcopy(header)
+    if edit:
+        edit(h)
+    return container.pack(h, words, version=5, section=section)
+
+
+def test_damaged_metadata_sections(meta_file):
+    data = meta_file
+    section = container.unpack_all(data)[2]
+    start = len(data) - 8 - len(section)  # the section's length field
+    for k in sorted({start - 1, start, start + 2, start + 4, start + 5, len(data) - 5, len(data) - 1}):
+        _refuse(data[:k], None, BadFileError, header_ok=True)
+    rng = np.random.default_rng(7)
+    for _ in range(60):  # bit flips in the section or its framing: its CRC (or length) catches each
+        bad = bytearray(data)
+        bad[int(rng.integers(start, len(data)))] ^= 1 << int(rng.integers(0, 8))
+        _refuse(bytes(bad), None, BadFileError, header_ok=True)
+    _refuse(data + b"\0", None, BadFileError, "trailing bytes after the metadata")
+    # valid CRCs around wrong content: garbage, a cut stream, a bomb, a section no image lists
+    bomb = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = bomb.compress(b"\0" * (200 << 20)) + bomb.flush()
+    for sec, word in ((b"\xff" * 40, "inflate"), (section[:-3], "does not hold"), (section + b"\0", "does not hold"),
+                      (bomb, "does not hold"), (b"", "does not hold")):
+        _refuse(_with_section(data, sec), None, BadFileError, word, header_ok=True, max_alloc=32 << 20)
+
+    def unlisted(h):
+        del h["meta"]["0"]["kept"]
+    _refuse(_with_section(data, section, unlisted), None, BadFileError, "no image lists", header_ok=True)
+
+    def wrong_length(h):
+        h["meta"]["0"]["kept"]["icc"] += 1
+    _refuse(_with_section(data, section, wrong_length), None, BadFileError, "does not hold", header_ok=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(st.data())
+def test_random_metadata_sections(meta_file, data):
+    """Any section bytes and any kept entry, with valid CRCs: decoded or refused with a one-line message."""
+    section = container.unpack_all(meta_file)[2]
+    raw = zlib.decompress(section, -15)
+    choice = data.draw(st.sampled_from(["bytes", "deflated", "entry"]))
+    if choice == "bytes":
+        sec, edit = data.draw(st.binary(max_size=200)), None
+    elif choice == "deflated":  # well-formed DEFLATE of other contents: lengths, JSON, UTF-8 all wrong
+        body = data.draw(st.binary(max_size=64)) + raw[data.draw(st.integers(0, len(raw))):]
+        comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+        sec, edit = comp.compress(body) + comp.flush(), None
+    else:
+        entry = data.draw(st.dictionaries(st.sampled_from(["icc", "exif", "xmp", "info", "x"]),
+                                          st.integers(-2, 2000) | st.booleans() | st.text(max_size=3), max_size=4))
+        sec = section
+
+        def edit(h):
+            h["meta"]["0"]["kept"] = entry
+    bad = _with_section(meta_file, sec, edit)
+    try:
+        back = api.decompress(bad)
+    except SfcError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    for s in back:  # decoded: metadata a PNG can be written with
+        images.encode_image(images.to_pil(s), ".png", s.metadata)
