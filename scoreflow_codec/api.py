@@ -9,6 +9,8 @@ fallback "auto", so the call above writes the bytes that `sfcodec compress a.png
 cifar10` writes (the CLI also records each file's name, src.meta["name"] = "a.png"; set it for the
 very same bytes). mode="ode" is the probability-flow ODE path (slower, and larger files with the
 shipped models); fallback="off" codes the model's stream whatever the seed codec alone would make.
+Each source's `metadata` (ICC profile, EXIF, XMP ...: metadata.py; load_image reads it) goes into
+the file, and decompress gives it back; an empty dict for the pixels only (`--no-metadata`).
 """
 from __future__ import annotations
 
