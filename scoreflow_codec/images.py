@@ -90,6 +90,9 @@ def _split_alpha(arr: np.ndarray, meta: dict) -> np.ndarray | None:
 def _pixels_from_pil(img: Image.Image) -> SourceImage:
     """The pixels of a Pillow image, refusing what can't be coded losslessly."""
     if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
+        if img.format == "MPO":  # a phone's JPEG with a second picture (depth map, preview) after the first
+            raise UnsupportedImageError(f"multi-picture JPEGs (MPO, {img.n_frames} pictures) are not supported; "
+                                        "save the picture you want as a PNG first")
         raise UnsupportedImageError(f"animated images are not supported ({img.n_frames} frames); extract one frame first")
     mode = img.mode
     w, h = img.size

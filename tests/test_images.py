@@ -254,6 +254,16 @@ def test_animations_are_refused(tmp_path, suffix):
     _refused(path, UnsupportedImageError, "animated", "3 frames")
 
 
+def test_multi_picture_jpegs_are_refused_as_such(tmp_path):
+    """A phone's MPO (a JPEG with a second picture after the first): not an animation, and said so."""
+    pics = [Image.fromarray(_rgb(8, 8)) for _ in range(2)]
+    path = tmp_path / "phone.jpg"
+    pics[0].save(path, format="MPO", save_all=True, append_images=pics[1:])
+    with Image.open(path) as im:
+        assert im.format == "MPO" and im.n_frames == 2
+    _refused(path, UnsupportedImageError, "multi-picture JPEG", "MPO, 2 pictures", "PNG")
+
+
 def test_truncated_png_is_refused(tmp_path):
     good = _write(tmp_path, "a.png", Image.fromarray(_rgb(33, 31)))
     data = good.read_bytes()
