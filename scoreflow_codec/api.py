@@ -29,6 +29,7 @@ import numpy as np
 from . import __version__, container, images as imgs, metadata
 from .coding import stream, workers
 from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
+from .coding import seed_codec
 from .coding.seed_codec import shared_analyses
 from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError, UsageError
 from .estimate import Estimate, sequential_mean
@@ -298,9 +299,10 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     with no ticks), "model stream".
 
     jobs: processes for the seed codec's file where it comes in parts (a photograph of more than
-    1024x1024 pixels, several images of more than 512x512 in all: stream.in_parts); None, the
-    default: every usable core, within the available memory (coding.workers). The same bytes whatever
-    it is.
+    1024x1024 pixels, several images of more than 512x512 in all: stream.in_parts), and 1 or not for
+    its encoder's analysis of an image of 2**16 pixels or more, whose first least-squares option it
+    otherwise makes in a second process (seed_codec.jobs); None, the default: every usable core,
+    within the available memory (coding.workers). The same bytes whatever it is.
 
     arith: "exact64" (the default), every number that parametrizes a coder computed in exactmath's
     arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x
@@ -322,8 +324,16 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     other planes; others are coded both ways). "auto" and "both" never
     code the model's stream of images without colour planes (palettes coded as index planes): it would
     code the same planes with the same seed codec."""
-    fallback = {False: "off", True: "auto"}.get(fallback, fallback)
     _check_jobs(jobs)
+    with seed_codec.jobs(jobs):
+        return _compress(sources, model, mode, settings, stream_settings, device, micro_batch, progress, track,
+                         fallback, arith, phase, jobs)
+
+
+def _compress(sources, model, mode, settings, stream_settings, device, micro_batch, progress, track, fallback,
+              arith, phase, jobs) -> tuple[bytes, CompressReport]:
+    """compress, within its seed_codec.jobs scope."""
+    fallback = {False: "off", True: "auto"}.get(fallback, fallback)
     if fallback not in ("off", "auto", "both", "seed"):
         raise SfcError(f"unknown fallback {fallback!r}; expected off, auto, both or seed")
     seed_alone = fallback == "seed"  # no model runs: no torch, no network, the model unused (may be None)

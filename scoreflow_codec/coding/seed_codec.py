@@ -185,6 +185,7 @@ import constriction
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from . import workers
 from .ans import Codec, Message
 from .distributions import _pop, _push, uniform
 
@@ -1151,38 +1152,104 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     """Everything the encoder's choice of modes reads, per least-squares option: the expensive
     part of every push (on a 768x512 image about 8 s for version 5's two options, 11 - 14 s for
     version 6's three, one thread). Taken from the scope's
-    store where shared_analyses() is active and these planes were analysed already."""
+    store where shared_analyses() is active and these planes were analysed already. Where
+    _in_parallel says so, the first option (no least squares) and the difference mode's plans are
+    made in another process while this one makes the others: the same options either way."""
     store = _SHARED.get()
     key = None
     if store is not None:
         key = _key(planes, version)
         if key in store.items:
             return store.items[key][0]
-    out, diff, known = [], None, None
-    for ls in _ls_modes(version):
-        flat, bins, centres, signs, st = _analyse(planes, lay, version, ls, known)
-        if ls and known is None:  # the boosted mode's sub-predictions are these: made once
-            known = [own[:, 7].copy() for own in st.own]
-        per = []
-        for c in range(len(flat)):
-            if (flat[c] == flat[c][0]).all():
-                per.append(None)
-                continue
-            plan = _Plan.compact(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
-            if version >= 3 and c > 0 and diff is None:  # it does not depend on the least-squares flag
-                diff = _diff_plans(st, lay, flat)
-            other = diff[c] if version >= 3 and c > 0 else None
-            blend = _with_costs(lay, flat[c], plan, other is not None and _can_mix(lay, version))
-            mix = None
-            if other is not None and _can_mix(lay, version):
-                w = _mix_weights(lay, blend[1].cost.astype(np.int64) - other[1].cost)
-                mix = (_mix_bits(blend[0], other[0], w), _Mix(blend[1], other[1], w))
-            per.append((blend, other, mix))
-        out.append(_Option(ls, out[0].flat if out else flat, per))  # the same planes: one copy
-        del st, bins, centres, signs  # the next option's state is built without this one beside it
+    modes = _ls_modes(version)
+    first = workers.background(_first_option, planes, version) if _in_parallel(lay, version) else None
+    with first or contextlib.nullcontext() as pending:
+        diff: list = []  # the difference mode's plans, made once (they do not depend on least squares)
+
+        def get_diff(st: _State, flat: list[np.ndarray]) -> list:
+            if not diff:
+                diff.append(pending.result()[1] if pending is not None else _diff_plans(st, lay, flat))
+            return diff[0]
+
+        out, known = [], None
+        for ls in modes[1:] if pending is not None else modes:
+            option, known = _option(planes, lay, version, ls, known, get_diff)
+            out.append(option)
+        if pending is not None:
+            out.insert(0, pending.result()[0])
+    out = [o._replace(flat=out[0].flat) for o in out]  # the same planes: one copy
     if store is not None:
         store.put(key, out)
     return out
+
+
+def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list | None,
+            get_diff) -> tuple[_Option, list | None]:
+    """One least-squares option's analysis, and the boosted option's sub-predictions (`known`: made by
+    the first option with least squares, then passed on). get_diff(state, flat): the difference
+    mode's plans."""
+    flat, bins, centres, signs, st = _analyse(planes, lay, version, ls, known)
+    if ls and known is None:  # the boosted mode's sub-predictions are these: made once
+        known = [own[:, 7].copy() for own in st.own]
+    per = []
+    for c in range(len(flat)):
+        if (flat[c] == flat[c][0]).all():
+            per.append(None)
+            continue
+        plan = _Plan.compact(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
+        other = get_diff(st, flat)[c] if version >= 3 and c > 0 else None
+        blend = _with_costs(lay, flat[c], plan, other is not None and _can_mix(lay, version))
+        mix = None
+        if other is not None and _can_mix(lay, version):
+            w = _mix_weights(lay, blend[1].cost.astype(np.int64) - other[1].cost)
+            mix = (_mix_bits(blend[0], other[0], w), _Mix(blend[1], other[1], w))
+        per.append((blend, other, mix))
+    return _Option(ls, flat, per), known
+
+
+def _first_option(planes: np.ndarray, version: int) -> tuple[_Option, list | None]:
+    """The first least-squares option's analysis and the difference mode's plans (None where no plane
+    after the first needs them): _analysis's other process."""
+    lay = _layout(*planes.shape[1:])
+    diff: list = []
+
+    def get_diff(st: _State, flat: list[np.ndarray]) -> list:
+        if not diff:
+            diff.append(_diff_plans(st, lay, flat))
+        return diff[0]
+
+    option, _ = _option(planes, lay, version, _ls_modes(version)[0], None, get_diff)
+    return option, diff[0] if diff else None
+
+
+# An encoder's analysis runs its first least-squares option in a second process (0.9.27) on images
+# of at least this many pixels (below, starting the process costs more than it saves), where this
+# is the user's process, it may use two cores (seed_codec.jobs, else the usable cores) and the
+# available memory holds ANALYSIS_BYTES_PER_PIXEL more.
+PARALLEL_MIN_PIXELS = 1 << 16
+ANALYSIS_BYTES_PER_PIXEL = 1024
+_JOBS: contextvars.ContextVar["int | None"] = contextvars.ContextVar("seed_codec_jobs", default=None)
+
+
+@contextlib.contextmanager
+def jobs(n: int | None):
+    """Within this scope the encoder's analysis uses at most n processes (1: this one only; None:
+    as the machine allows). The bytes are the same whatever it is."""
+    token = _JOBS.set(n)
+    try:
+        yield
+    finally:
+        _JOBS.reset(token)
+
+
+def _in_parallel(lay: _Layout, version: int) -> bool:
+    if len(_ls_modes(version)) < 2 or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
+        return False
+    n = _JOBS.get()
+    if n is not None:
+        return n >= 2
+    mem = workers.available_memory()
+    return workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
 
 
 def _key(planes: np.ndarray, version: int) -> tuple:

@@ -1,4 +1,5 @@
-"""Worker processes for the independent parts of a seed-only stream (stream.seed_parts, 0.9.26).
+"""Worker processes: the independent parts of a seed-only stream (stream.seed_parts, 0.9.26), and
+a seed codec encoder's first least-squares option beside the others (seed_codec._analysis, 0.9.27).
 
 A large photograph's seed codec file is coded in blocks of up to 1024x1024 pixels, each alone; from
 0.9.26 each part (a block, or consecutive small ones) is its own ANS stack, so the parts are coded
@@ -13,6 +14,7 @@ parent's imports and the image come along at no cost) and by spawn elsewhere.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -58,6 +60,53 @@ def check_jobs(jobs: int | None) -> None:
         raise ValueError(f"jobs must be a positive integer or None (automatic), not {jobs!r}")
 
 
+def in_main_process() -> bool:
+    """Whether this is the process the user started (a worker starts no workers of its own)."""
+    return multiprocessing.parent_process() is None
+
+
+def _context():
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+def _died(jobs_hint: str) -> SfcError:
+    return SfcError(f"a worker process died (out of memory?); try fewer processes (--jobs, {jobs_hint})")
+
+
+def _stop(ex: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Terminate an executor's processes at once (what they do is no longer wanted)."""
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        proc.terminate()
+
+
+class _Pending:
+    """background()'s handle: result() waits for fn(*args) and returns it (its exception raised here)."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def result(self):
+        try:
+            return self._future.result()
+        except BrokenProcessPool:
+            raise _died("1 disables this one") from None
+
+
+@contextlib.contextmanager
+def background(fn: Callable, *args):
+    """fn(*args) in one other process while the caller works on (fn at module level); the handle's
+    result() waits for it. On leaving the scope with an exception (Ctrl-C among them) the process is
+    stopped at once; otherwise the scope waits for it to end."""
+    ex = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=_context())
+    try:
+        yield _Pending(ex.submit(fn, *args))
+    except BaseException:
+        _stop(ex)
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
 def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
     """[fn(*item) for item in items], in `jobs` processes where jobs > 1 and there are several items
     (fn at module level: spawn pickles it by name). An exception in a worker is raised here, as itself;
@@ -65,15 +114,13 @@ def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
     among them) the workers are stopped at once and the exception raised."""
     if jobs <= 1 or len(items) <= 1:
         return [fn(*item) for item in items]
-    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    ex = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=ctx)
+    ex = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=_context())
     try:
         return list(ex.map(fn, *zip(*items)))
     except BrokenProcessPool:
-        raise SfcError(f"a worker process died (out of memory?); try fewer processes (--jobs, {jobs} now)") from None
+        raise _died(f"{jobs} now") from None
     except BaseException:  # an error, or Ctrl-C: what the other workers do is no longer wanted
-        for proc in list((getattr(ex, "_processes", None) or {}).values()):
-            proc.terminate()
+        _stop(ex)
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
