@@ -1172,3 +1172,62 @@ def test_difference_rows_are_made_on_first_use():
         seen |= set(rows.tolist())
     assert counts.fine.used == len(seen) <= 400 and len(counts.hist) < 2 * len(seen)
     assert counts.coarse.used == len({r % sc.N_DIFF_COARSE for r in seen})
+
+
+def _same_tree(a, b) -> bool:
+    """Equal nested tuples / lists of arrays, numbers and None (an analysis's options)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
+            and np.array_equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("version", [2, 5, LATEST])
+def test_the_analysis_in_two_processes_is_the_same(version, monkeypatch):
+    """From 0.9.27 an image of PARALLEL_MIN_PIXELS or more has its first least-squares option (and the
+    difference mode's plans) analysed in a second process: the same options, words, sizes and pixel
+    bits as in one process (here on a small image, the threshold lowered)."""
+    from scoreflow_codec.coding import seed_codec as sc, workers
+
+    planes = _photo_synthetic(40, 48)[:3].copy()
+    lay = sc._layout(40, 48)
+    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
+    started = []
+    real = workers.background
+    monkeypatch.setattr(workers, "background", lambda fn, *a: started.append(fn.__name__) or real(fn, *a))
+    out = {}
+    for n in (1, 2):
+        with sc.jobs(n):
+            m = Message()
+            bits = seed_push(m, planes, version)
+            out[n] = (m.words(), bits, seed_pixel_bits(planes, version), sc._analysis(planes, lay, version))
+    assert started == ["_first_option"] * 3  # the push, the pixel bits and the analysis, with jobs 2 only
+    assert _same_tree(out[1], out[2])
+    assert len(out[2][3]) == len(sc._ls_modes(version)) and [o.ls for o in out[2][3]] == list(sc._ls_modes(version))
+    assert all(o.flat is out[2][3][0].flat for o in out[2][3])  # one copy of the planes
+
+
+def test_when_the_analysis_takes_a_second_process(monkeypatch):
+    from scoreflow_codec.coding import seed_codec as sc, workers
+
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    monkeypatch.setattr(workers, "available_memory", lambda: 1 << 40)
+    big, small = sc._layout(256, 256), sc._layout(255, 256)
+    assert sc._in_parallel(big, LATEST) and not sc._in_parallel(small, LATEST)
+    assert not sc._in_parallel(big, 1)  # one option only
+    with sc.jobs(1):
+        assert not sc._in_parallel(big, LATEST)
+    monkeypatch.setattr(workers, "usable_cores", lambda: 1)
+    assert not sc._in_parallel(big, LATEST)
+    with sc.jobs(2):  # asked for
+        assert sc._in_parallel(big, LATEST)
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    monkeypatch.setattr(workers, "available_memory", lambda: sc.ANALYSIS_BYTES_PER_PIXEL * big.n - 1)
+    assert not sc._in_parallel(big, LATEST)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
+    assert sc._in_parallel(big, LATEST)
+    monkeypatch.setattr(workers, "in_main_process", lambda: False)  # a worker starts no process of its own
+    with sc.jobs(2):
+        assert not sc._in_parallel(big, LATEST)

@@ -69,3 +69,36 @@ def test_the_machine_is_described():
     free = workers.available_memory()
     assert free is None or free > 0
     assert workers.usable_cores() >= 1
+
+
+def _sleep_then(x, seconds):
+    time.sleep(seconds)
+    return os.getpid(), x
+
+
+def test_background_runs_in_another_process_while_this_one_works():
+    """workers.background (0.9.27, the seed codec's analysis): fn in one other process; result()
+    waits for it; its exception raised here as itself; a dead process an SfcError; an error in the
+    caller's scope stops it at once."""
+    with workers.background(_sleep_then, 7, 0.5) as pending:
+        t0 = time.perf_counter()
+        busy = sum(range(10 ** 5))  # this process works on meanwhile
+        pid, x = pending.result()
+    assert x == 7 and pid != os.getpid() and busy and time.perf_counter() - t0 < 20
+    with workers.background(_fail, 3) as pending:
+        with pytest.raises(ValueError, match="bad 3"):
+            pending.result()
+    with workers.background(_die, 0) as pending:
+        with pytest.raises(SfcError, match="worker process died.*--jobs"):
+            pending.result()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyError):
+        with workers.background(_sleep_then, 1, 60):
+            raise KeyError("the caller failed (or Ctrl-C)")
+    assert time.perf_counter() - t0 < 20
+    assert workers.in_main_process()
+    assert workers.run(_in_main, [(0,), (1,)], 2) == [False, False]
+
+
+def _in_main(x):
+    return workers.in_main_process()
