@@ -1231,3 +1231,19 @@ def test_when_the_analysis_takes_a_second_process(monkeypatch):
     monkeypatch.setattr(workers, "in_main_process", lambda: False)  # a worker starts no process of its own
     with sc.jobs(2):
         assert not sc._in_parallel(big, LATEST)
+
+
+def test_compress_with_one_job_keeps_the_analysis_in_one_process(monkeypatch):
+    """api.compress(jobs=1) (`--jobs 1`) starts no second process for the analysis; jobs=2 does; the
+    same file either way."""
+    from scoreflow_codec import api, images
+    from scoreflow_codec.coding import seed_codec as sc, workers
+
+    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
+    started = []
+    real = workers.background
+    monkeypatch.setattr(workers, "background", lambda fn, *a: started.append(fn.__name__) or real(fn, *a))
+    src = images.from_array(np.ascontiguousarray(_photo_synthetic(40, 48)[:3].transpose(1, 2, 0)))
+    one = api.compress([src], None, fallback="seed", jobs=1)[0]
+    assert started == []
+    assert api.compress([src], None, fallback="seed", jobs=2)[0] == one and started == ["_first_option"]
