@@ -1214,6 +1214,7 @@ def test_when_the_analysis_takes_a_second_process(monkeypatch):
 
     monkeypatch.setattr(workers, "usable_cores", lambda: 2)
     monkeypatch.setattr(workers, "available_memory", lambda: 1 << 40)
+    monkeypatch.setattr(workers, "forks", lambda: True)
     big, small = sc._layout(256, 256), sc._layout(255, 256)
     assert sc._in_parallel(big, LATEST) and not sc._in_parallel(small, LATEST)
     assert not sc._in_parallel(big, 1)  # one option only
@@ -1228,6 +1229,10 @@ def test_when_the_analysis_takes_a_second_process(monkeypatch):
     assert not sc._in_parallel(big, LATEST)
     monkeypatch.setattr(workers, "available_memory", lambda: None)
     assert sc._in_parallel(big, LATEST)
+    monkeypatch.setattr(workers, "forks", lambda: False)  # spawn would re-run a script's main module:
+    assert not sc._in_parallel(big, LATEST)                # only where asked for
+    with sc.jobs(2):
+        assert sc._in_parallel(big, LATEST)
     monkeypatch.setattr(workers, "in_main_process", lambda: False)  # a worker starts no process of its own
     with sc.jobs(2):
         assert not sc._in_parallel(big, LATEST)

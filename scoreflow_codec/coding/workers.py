@@ -65,8 +65,14 @@ def in_main_process() -> bool:
     return multiprocessing.parent_process() is None
 
 
+def forks() -> bool:
+    """Whether worker processes start by fork here (Linux): at no cost, and without re-running the
+    caller's main module, as spawn (elsewhere) does in a script without a __main__ guard."""
+    return sys.platform.startswith("linux")
+
+
 def _context():
-    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    return multiprocessing.get_context("fork" if forks() else "spawn")
 
 
 def _died(jobs_hint: str) -> SfcError:
