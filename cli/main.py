@@ -227,7 +227,7 @@ FALLBACK_OPTION = click.option(
          "auto: the model's stream is coded only where the model's estimated cost (its bound per tile; on 16 tiles "
          "or more first a quick look at 16 drawn at random, a few seconds, then above 1 Mpix 64 tiles, and all only "
          "where those promise a saving) promises a smaller file than the seed codec's; both: always code both; off: the model's stream only; seed: the seed codec alone, the model not run "
-         "(neither torch nor the model is loaded unless --model names one; a Kodak image in about 30 s against 37 s for auto, "
+         "(neither torch nor the model is loaded unless --model names one; a Kodak image in about 24 s against 27 s for auto, "
          "the file auto writes for every Kodak image since 0.9.23). A file of the model's stream "
          "decodes with the model it names; a seed codec file needs no model.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")

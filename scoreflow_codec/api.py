@@ -312,7 +312,7 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     fallback: "auto" (the default; below); "off" (or False), the model's stream; "seed", the
     classical seed codec alone (the file "both" and "auto" compare against, with no model run at
     all and no torch imported: model may be None; `sfcodec compress` of a Kodak image, its check
-    decode included, in about 30 s against 37 s for "auto" on a 2-core Intel Xeon, 0.9.24); "both", also the
+    decode included, in about 24 s against 27 s for "auto" on a 2-core Intel Xeon, 0.9.27); "both", also the
     classical seed codec alone, whole images as single tiles (stream.seed_only_settings), returning the smaller file, with both
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
     then the model's stream only where it promises a smaller file: with seed tiles in the image's
