@@ -139,8 +139,7 @@ def release_string(field: int) -> str:
     return f"{v >> 12}.{(v >> 6) & 63}.{v & 63}"
 
 _FIXED = struct.Struct("<HHI")  # version, reserved, header_len
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<I")  # payload length (a u32: 4 GiB is far beyond any image set we code)
+_U32 = struct.Struct("<I")  # CRCs and the payload's and section's lengths (4 GiB is far beyond any image set)
 
 
 def _canonical_json(header: dict) -> bytes:
@@ -174,7 +173,7 @@ def pack(header: dict, payload_words: np.ndarray, version: int | None = None, se
         raise ValueError("payload_words must be a 1-D uint32 array")
     pb = words.astype("<u4").tobytes()
     head = _FIXED.pack(version, release, len(hb)) + hb
-    parts = [MAGIC, head, _U32.pack(zlib.crc32(head)), _U64.pack(len(pb)), pb, _U32.pack(zlib.crc32(pb))]
+    parts = [MAGIC, head, _U32.pack(zlib.crc32(head)), _U32.pack(len(pb)), pb, _U32.pack(zlib.crc32(pb))]
     if version >= SECTION_VERSION:
         section = bytes(section)
         if len(section) >= 1 << 32:
@@ -275,48 +274,37 @@ def unpack_all(data: bytes) -> tuple[dict, np.ndarray, bytes]:
     """(header, payload words, metadata section: b"" before version 5) of a .sfc file, fully checked."""
     header, pos, version = _parse_header(data)
     data = memoryview(data)
-    n = len(data)
     has_section = version >= SECTION_VERSION
-    if n < pos + _U64.size:
-        raise BadFileError("truncated .sfc file: cut inside the payload length")
-    (plen,) = _U64.unpack_from(data, pos)
-    pos += _U64.size
-    rest = n - pos
-    if plen + _U32.size > rest:
-        raise BadFileError(
-            f"truncated .sfc file: declared payload size ({plen} bytes) is larger than the file "
-            f"(holds {max(0, rest - _U32.size)})"
-        )
-    if plen + _U32.size < rest and not has_section:
-        extra = rest - plen - _U32.size
-        raise BadFileError(f"corrupt .sfc file: {extra} trailing bytes after the payload")
-    if plen % 4:
-        raise BadFileError(f"corrupt .sfc file: payload size {plen} is not a whole number of words")
-    payload = data[pos : pos + plen]
-    (crc,) = _U32.unpack_from(data, pos + plen)
-    if zlib.crc32(payload) != crc:
-        raise BadFileError("corrupt .sfc file: payload CRC mismatch")
+    payload, pos = _framed(data, pos, "payload", last=not has_section)
+    if len(payload) % 4:
+        raise BadFileError(f"corrupt .sfc file: payload size {len(payload)} is not a whole number of words")
     words = np.frombuffer(payload, dtype="<u4").astype(np.uint32)
     if len(words) and words[-1] == 0:
         raise BadFileError("corrupt .sfc file: payload does not end in a nonzero ANS word")
-    section = b""
-    if has_section:
-        pos += plen + _U32.size
-        if n < pos + _U32.size:
-            raise BadFileError("truncated .sfc file: cut inside the metadata section's length")
-        (slen,) = _U32.unpack_from(data, pos)
-        pos += _U32.size
-        rest = n - pos
-        if slen + _U32.size > rest:
-            raise BadFileError(f"truncated .sfc file: declared metadata section ({slen} bytes) is larger than "
-                               f"the file (holds {max(0, rest - _U32.size)})")
-        if slen + _U32.size < rest:
-            raise BadFileError(f"corrupt .sfc file: {rest - slen - _U32.size} trailing bytes after the metadata")
-        section = bytes(data[pos : pos + slen])
-        (crc,) = _U32.unpack_from(data, pos + slen)
-        if zlib.crc32(section) != crc:
-            raise BadFileError("corrupt .sfc file: metadata section CRC mismatch")
+    section = bytes(_framed(data, pos, "metadata section", last=True)[0]) if has_section else b""
     return header, words, section
+
+
+def _framed(data: memoryview, pos: int, what: str, last: bool) -> tuple[memoryview, int]:
+    """The block at pos (u32 length, the bytes, u32 CRC32 of them): (its bytes, the position after its
+    CRC). The length is compared with the bytes present before anything is sliced; `last`: nothing
+    may follow it."""
+    n = len(data)
+    if n < pos + _U32.size:
+        raise BadFileError(f"truncated .sfc file: cut inside the {what} length")
+    (size,) = _U32.unpack_from(data, pos)
+    pos += _U32.size
+    rest = n - pos
+    if size + _U32.size > rest:
+        raise BadFileError(f"truncated .sfc file: declared {what} size ({size} bytes) is larger than the file "
+                           f"(holds {max(0, rest - _U32.size)})")
+    if last and size + _U32.size < rest:
+        raise BadFileError(f"corrupt .sfc file: {rest - size - _U32.size} trailing bytes after the {what}")
+    block = data[pos : pos + size]
+    (crc,) = _U32.unpack_from(data, pos + size)
+    if zlib.crc32(block) != crc:
+        raise BadFileError(f"corrupt .sfc file: {what} CRC mismatch")
+    return block, pos + size + _U32.size
 
 
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",

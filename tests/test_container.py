@@ -75,9 +75,9 @@ def test_version_5_carries_a_metadata_section():
     assert len(v5) == len(v4) + 8 + len(sec) and v5[-8 - len(sec):-4] == struct.pack("<I", len(sec)) + sec
     assert v5[-4:] == struct.pack("<I", zlib.crc32(sec))
     assert unpack_all(v4)[2] == b"" and unpack_all(pack(GOLDEN_HEADER, GOLDEN_WORDS, version=5))[2] == b""
-    assert "metadata section's length" in _msg(v5[: len(v5) - len(sec) - 8 + 2])
+    assert "metadata section length" in _msg(v5[: len(v5) - len(sec) - 8 + 2])
     assert "declared metadata section" in _msg(v5[:-1])
-    assert "trailing bytes after the metadata" in _msg(v5 + b"\0")
+    assert "trailing bytes after the metadata section" in _msg(v5 + b"\0")
     assert "metadata section CRC" in _msg(v5[:-6] + bytes([v5[-6] ^ 1]) + v5[-5:])
     # a version 4 file with bytes after its payload: trailing bytes, never a section
     assert "trailing bytes after the payload" in _msg(v4 + struct.pack("<I", 0) + struct.pack("<I", 0))
