@@ -19,7 +19,7 @@ An image's metadata is a dict (`SourceImage.metadata`), each entry optional:
     "dpi"   [x, y]  resolution in dots per inch (PNG pHYs, TIFF, JPEG JFIF, BMP)
 
 Not kept: JPEG comments, TIFF tags other than the profile and resolution, PNG chunks Pillow does
-not parse (tIME, sBIT, bKGD, ...), the order of chunks.
+not parse (tIME, sBIT, bKGD, ...), a PNG's pixel aspect ratio without a unit, the order of chunks.
 
 In a .sfc file (format version 5, container.py) the metadata of every image is one section after
 the payload: the images' blobs ("icc", "exif", "xmp" as they are, "info" the canonical JSON of the

@@ -75,8 +75,8 @@ def _context():
     return multiprocessing.get_context("fork" if forks() else "spawn")
 
 
-def _died(jobs_hint: str) -> SfcError:
-    return SfcError(f"a worker process died (out of memory?); try fewer processes (--jobs, {jobs_hint})")
+def _died(advice: str) -> SfcError:
+    return SfcError(f"a worker process died (out of memory?); {advice}")
 
 
 def _stop(ex: concurrent.futures.ProcessPoolExecutor) -> None:
@@ -95,7 +95,7 @@ class _Pending:
         try:
             return self._future.result()
         except BrokenProcessPool:
-            raise _died("1 disables this one") from None
+            raise _died("try --jobs 1 (everything in this process)") from None
 
 
 @contextlib.contextmanager
@@ -124,7 +124,7 @@ def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
     try:
         return list(ex.map(fn, *zip(*items)))
     except BrokenProcessPool:
-        raise _died(f"{jobs} now") from None
+        raise _died(f"try fewer processes (--jobs, {jobs} now)") from None
     except BaseException:  # an error, or Ctrl-C: what the other workers do is no longer wanted
         _stop(ex)
         raise
