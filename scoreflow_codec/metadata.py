@@ -66,6 +66,8 @@ def read(img) -> dict:
             del md["exif"]
     text = []
     for key, value in (getattr(img, "text", None) or {}).items() if img.format == "PNG" else ():
+        if key == _XMP_KEY and isinstance(value, str) and "xmp" not in md:  # a Pillow that gives no info["xmp"]
+            md["xmp"] = value.encode("utf-8")
         if key == _XMP_KEY or not isinstance(key, str) or not isinstance(value, str):
             continue
         lang, tkey = getattr(value, "lang", None), getattr(value, "tkey", None)

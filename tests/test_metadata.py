@@ -97,6 +97,18 @@ def test_read_a_png(tmp_path):
     assert images.from_array(np.zeros((3, 4, 3), np.uint8)).metadata == {}
 
 
+def test_png_xmp_from_its_text_chunk_where_pillow_gives_no_xmp(tmp_path):
+    """Pillow gives a PNG's XMP both as info["xmp"] and as the text chunk "XML:com.adobe.xmp"; one
+    that gave only the chunk: the same metadata."""
+    p = tmp_path / "x.png"
+    p.write_bytes(_png())
+    with Image.open(p) as im:
+        im.load()
+        full = md.read(im)
+        del im.info["xmp"]
+        assert md.read(im) == full and full["xmp"] == XMP.encode("utf-8")
+
+
 def test_read_a_jpeg_and_a_webp(tmp_path):
     """JPEG (lossy, but its pixels are what Pillow gives) and WebP carry ICC, EXIF and XMP."""
     for fmt, kw in (("JPEG", {"quality": 95}), ("WEBP", {"lossless": True})):
