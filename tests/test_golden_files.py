@@ -61,9 +61,8 @@ def test_golden_files_exist():
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
     assert shas == {zoo.load_model(n).sha256 for n in names}
     # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from
-    # 0.9.1 (the release in the fixed header); the same image as seed-h6 (0.6.0), seed-f2's file is
-    # 26 bytes smaller, all of it header
-    # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept
+    # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept; the
+    # same image as seed-h6 (0.6.0), seed-f2's file is 26 bytes smaller, all of it header
     versions = {p.stem: container.format_version(p.read_bytes()) for p in FILES}
     for p in FILES:
         r, kept = _release(p), any("kept" in m for m in api.read_header(p.read_bytes()).get("meta", {}).values())
