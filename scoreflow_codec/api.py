@@ -379,7 +379,9 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         }
     head.update(images=_describe_images(sources), crc32=_images_crc(sources))
     kept, section = metadata.pack([s.metadata for s in sources])  # ICC, EXIF ...: a section beside the payload
-    meta = {str(i): {**s.meta, "kept": k} if k else s.meta for i, (s, k) in enumerate(zip(sources, kept)) if s.meta or k}
+    meta = {str(i): {**{n: v for n, v in s.meta.items() if n != "kept"}, **({"kept": k} if k else {})}
+            for i, (s, k) in enumerate(zip(sources, kept))}  # "kept" is the section's: never a caller's
+    meta = {i: m for i, m in meta.items() if m}
     if meta:
         head["meta"] = meta
     dims = sum(s.num_dims for s in sources)

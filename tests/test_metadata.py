@@ -272,6 +272,15 @@ def test_a_file_keeps_its_images_metadata(tmp_path):
         api.check_identical([a, b], api.decompress(data0))
 
 
+def test_a_callers_kept_entry_is_not_written():
+    """meta["kept"] describes the file's section; one in a caller's meta (hand-made) is not copied."""
+    src = images.from_array(np.zeros((6, 7, 3), np.uint8))
+    src.meta["kept"] = {"icc": 5}
+    data, _ = api.compress([src], None, fallback="seed")
+    assert container.format_version(data) == 4 and "meta" not in api.read_header(data)
+    assert api.decompress(data)[0].metadata == {}
+
+
 def test_palette_coded_as_indices_keeps_its_metadata(tmp_path):
     """choose_palette_coding may swap a palette image for its index plane: the metadata goes along."""
     idx = np.random.default_rng(2).integers(0, 200, (40, 40)).astype(np.uint8)
