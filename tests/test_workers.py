@@ -78,8 +78,8 @@ def _sleep_then(x, seconds):
 
 def test_background_runs_in_another_process_while_this_one_works():
     """workers.background (0.9.27, the seed codec's analysis): fn in one other process; result()
-    waits for it; its exception raised here as itself; a dead process an SfcError; an error in the
-    caller's scope stops it at once."""
+    waits for it; its exception raised here as itself; a dead process an SfcError (leaving the scope);
+    an error in the caller's scope stops it at once."""
     with workers.background(_sleep_then, 7, 0.5) as pending:
         t0 = time.perf_counter()
         busy = sum(range(10 ** 5))  # this process works on meanwhile
@@ -88,8 +88,8 @@ def test_background_runs_in_another_process_while_this_one_works():
     with workers.background(_fail, 3) as pending:
         with pytest.raises(ValueError, match="bad 3"):
             pending.result()
-    with workers.background(_die, 0) as pending:
-        with pytest.raises(SfcError, match="worker process died.*--jobs"):
+    with pytest.raises(SfcError, match="worker process died.*--jobs"):  # as the scope ends
+        with workers.background(_die, 0) as pending:
             pending.result()
     t0 = time.perf_counter()
     with pytest.raises(KeyError):

@@ -75,42 +75,31 @@ def _context():
     return multiprocessing.get_context("fork" if forks() else "spawn")
 
 
-def _died(advice: str) -> SfcError:
-    return SfcError(f"a worker process died (out of memory?); {advice}")
-
-
-def _stop(ex: concurrent.futures.ProcessPoolExecutor) -> None:
-    """Terminate an executor's processes at once (what they do is no longer wanted)."""
-    for proc in list((getattr(ex, "_processes", None) or {}).values()):
-        proc.terminate()
-
-
-class _Pending:
-    """background()'s handle: result() waits for fn(*args) and returns it (its exception raised here)."""
-
-    def __init__(self, future: concurrent.futures.Future):
-        self._future = future
-
-    def result(self):
-        try:
-            return self._future.result()
-        except BrokenProcessPool:
-            raise _died("try --jobs 1 (everything in this process)") from None
+@contextlib.contextmanager
+def _pool(n: int, advice: str):
+    """A pool of n processes for the scope. A process that dies (killed for memory) is an SfcError
+    with `advice`; on any other exception (Ctrl-C among them) the processes are stopped at once, as
+    what they do is no longer wanted; otherwise the scope waits for them to end."""
+    ex = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=_context())
+    try:
+        yield ex
+    except BrokenProcessPool:
+        raise SfcError(f"a worker process died (out of memory?); {advice}") from None
+    except BaseException:
+        for proc in list((getattr(ex, "_processes", None) or {}).values()):
+            proc.terminate()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 @contextlib.contextmanager
 def background(fn: Callable, *args):
-    """fn(*args) in one other process while the caller works on (fn at module level); the handle's
-    result() waits for it. On leaving the scope with an exception (Ctrl-C among them) the process is
-    stopped at once; otherwise the scope waits for it to end."""
-    ex = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=_context())
-    try:
-        yield _Pending(ex.submit(fn, *args))
-    except BaseException:
-        _stop(ex)
-        raise
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
+    """fn(*args) in one other process while the caller works on (fn at module level); yields its
+    future, whose result() waits for it (fn's exception raised as itself; a dead process, leaving the
+    scope, as _pool's SfcError). Leaving the scope with an exception stops the process at once."""
+    with _pool(1, "try --jobs 1 (everything in this process)") as ex:
+        yield ex.submit(fn, *args)
 
 
 def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
@@ -120,13 +109,5 @@ def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
     among them) the workers are stopped at once and the exception raised."""
     if jobs <= 1 or len(items) <= 1:
         return [fn(*item) for item in items]
-    ex = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=_context())
-    try:
+    with _pool(min(jobs, len(items)), f"try fewer processes (--jobs, {jobs} now)") as ex:
         return list(ex.map(fn, *zip(*items)))
-    except BrokenProcessPool:
-        raise _died(f"try fewer processes (--jobs, {jobs} now)") from None
-    except BaseException:  # an error, or Ctrl-C: what the other workers do is no longer wanted
-        _stop(ex)
-        raise
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
