@@ -1164,13 +1164,8 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     modes = _ls_modes(version)
     first = workers.background(_first_option, planes, version) if _in_parallel(lay, version) else None
     with first or contextlib.nullcontext() as pending:
-        diff: list = []  # the difference mode's plans, made once (they do not depend on least squares)
-
-        def get_diff(st: _State, flat: list[np.ndarray]) -> list:
-            if not diff:
-                diff.append(pending.result()[1] if pending is not None else _diff_plans(st, lay, flat))
-            return diff[0]
-
+        get_diff = _Once((lambda st, flat: pending.result()[1]) if pending is not None
+                         else (lambda st, flat: _diff_plans(st, lay, flat)))
         out, known = [], None
         for ls in modes[1:] if pending is not None else modes:
             option, known = _option(planes, lay, version, ls, known, get_diff)
@@ -1187,7 +1182,7 @@ def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list
             get_diff) -> tuple[_Option, list | None]:
     """One least-squares option's analysis, and the boosted option's sub-predictions (`known`: made by
     the first option with least squares, then passed on). get_diff(state, flat): the difference
-    mode's plans."""
+    mode's plans (_Once)."""
     flat, bins, centres, signs, st = _analyse(planes, lay, version, ls, known)
     if ls and known is None:  # the boosted mode's sub-predictions are these: made once
         known = [own[:, 7].copy() for own in st.own]
@@ -1211,15 +1206,22 @@ def _first_option(planes: np.ndarray, version: int) -> tuple[_Option, list | Non
     """The first least-squares option's analysis and the difference mode's plans (None where no plane
     after the first needs them): _analysis's other process."""
     lay = _layout(*planes.shape[1:])
-    diff: list = []
-
-    def get_diff(st: _State, flat: list[np.ndarray]) -> list:
-        if not diff:
-            diff.append(_diff_plans(st, lay, flat))
-        return diff[0]
-
+    get_diff = _Once(lambda st, flat: _diff_plans(st, lay, flat))
     option, _ = _option(planes, lay, version, _ls_modes(version)[0], None, get_diff)
-    return option, diff[0] if diff else None
+    return option, get_diff.value
+
+
+class _Once:
+    """The difference mode's plans for _option: made by make(state, flat) when first asked for (they
+    do not depend on the least-squares option), the same ones after; `value` None until then."""
+
+    def __init__(self, make):
+        self.make, self.value = make, None
+
+    def __call__(self, st: "_State", flat: list[np.ndarray]) -> list:
+        if self.value is None:
+            self.value = self.make(st, flat)
+        return self.value
 
 
 # An encoder's analysis runs its first least-squares option in a second process (0.9.27) on images
