@@ -102,3 +102,19 @@ def test_background_runs_in_another_process_while_this_one_works():
 
 def _in_main(x):
     return workers.in_main_process()
+
+
+def _ctrl_c_handler(x):
+    import signal
+    return signal.getsignal(signal.SIGINT)
+
+
+def test_workers_leave_ctrl_c_to_the_parent():
+    """Ctrl-C reaches every process of the terminal's group; the workers ignore it (the parent stops
+    them), so an interrupted command prints one line, not a worker's traceback too."""
+    import signal
+
+    assert workers.run(_ctrl_c_handler, [(0,), (1,)], 2) == [signal.SIG_IGN] * 2
+    with workers.background(_ctrl_c_handler, 0) as pending:
+        assert pending.result() == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # this process still handles it
