@@ -114,8 +114,12 @@ def test_workers_leave_ctrl_c_to_the_parent():
     them), so an interrupted command prints one line, not a worker's traceback too."""
     import signal
 
-    before = signal.getsignal(signal.SIGINT)  # (pytest-xdist's workers ignore it themselves)
-    assert workers.run(_ctrl_c_handler, [(0,), (1,)], 2) == [signal.SIG_IGN] * 2
-    with workers.background(_ctrl_c_handler, 0) as pending:
-        assert pending.result() == signal.SIG_IGN
-    assert signal.getsignal(signal.SIGINT) == before  # this process's own handling untouched
+    # as in a terminal (a test run started in the background inherits SIGINT ignored already)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert workers.run(_ctrl_c_handler, [(0,), (1,)], 2) == [signal.SIG_IGN] * 2
+        with workers.background(_ctrl_c_handler, 0) as pending:
+            assert pending.result() == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's own untouched
+    finally:
+        signal.signal(signal.SIGINT, before)
