@@ -181,6 +181,13 @@ def _coded_by(rep) -> str:
     return "seed codec alone"
 
 
+def _sections(rep) -> str:
+    """" (N of them metadata, M of them 16-bit low bits)" where a file has such sections."""
+    parts = [f"{n} of them {what}" for n, what in ((rep.metadata_bytes, "metadata"), (rep.low_bytes, "16-bit low bits"))
+             if n]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _load_images(paths, keep_metadata: bool) -> list:
     from scoreflow_codec import images
 
@@ -207,7 +214,7 @@ def _image_bytes(src, path: Path, quiet: bool) -> bytes:
     if dropped and not quiet:
         click.echo(f"sfcodec: warning: {path.name}: {images.LOSSLESS_SAVE[path.suffix.lower()]} cannot hold the "
                    f"image's {', '.join(dropped)}: not written (a .png keeps them)", err=True)
-    return images.encode_image(images.to_pil(src), path.suffix, src.metadata)
+    return images.encode_source(src, path.suffix)
 
 
 def _out_name(name: str | None, index: int, n: int) -> str:
@@ -293,8 +300,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
         api.check_identical(sources, back)
     atomic_write(output, data)
     if not quiet:
-        kept = f" ({rep.metadata_bytes} of them metadata)" if rep.metadata_bytes else ""
-        msg = (f"{output}: {len(data)} bytes{kept}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
+        msg = (f"{output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
                f"[{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
         msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
         click.echo(msg, err=True)
@@ -312,7 +318,7 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def decompress(input, output, model, device, jobs, force, quiet):
     """Decompress a .sfc file back to the identical pixels."""
-    from scoreflow_codec import api, container, images, zoo
+    from scoreflow_codec import api, container, deep, images, zoo
 
     data = _read_sfc(input)
     header = api.read_header(data)
@@ -328,9 +334,12 @@ def decompress(input, output, model, device, jobs, force, quiet):
         targets = [output / _out_name(nm, i, n) for i, nm in enumerate(names)]
         if len(set(targets)) != len(targets):
             targets = [output / _out_name(None, i, n) for i in range(n)]
-    for t in targets:
+    modes = [mode for *_, mode, count in header["images"] for _ in range(count)]
+    for t, mode in zip(targets, modes):
         if t.suffix.lower() not in images.LOSSLESS_SAVE:
             raise UsageError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")
+        if mode in deep.MODES and images.LOSSLESS_SAVE[t.suffix.lower()] != "PNG":
+            raise UsageError(f"{t.name}: the image is 16-bit ({mode}): the output must be a .png")
         if t.parent != output or output.exists():
             _check_output(t, force, [input])
     m = None  # a seed-only file decodes without a model (--model is then not needed, and unused)
@@ -353,7 +362,7 @@ def decompress(input, output, model, device, jobs, force, quiet):
 @click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
 def info(input, as_json):
     """Show what a .sfc file holds (without decoding it)."""
-    from scoreflow_codec import api, container, metadata, zoo
+    from scoreflow_codec import api, container, deep, images, metadata, zoo
 
     data = _read_sfc(input)
     h = api.read_header(data)
@@ -362,7 +371,7 @@ def info(input, as_json):
         click.echo(json.dumps(h, indent=2, sort_keys=True))
         return
     n = sum(r[3] for r in h["images"])
-    dims = sum(r[0] * r[1] * {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[r[2]] * r[3] for r in h["images"])
+    dims = sum(r[0] * r[1] * images.channels_of(r[2]) * r[3] for r in h["images"])
     click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
     click.echo(f"format:    .sfc v{version}, written by {h.get('codec', '?')}")
     if "model" in h:
@@ -393,6 +402,11 @@ def info(input, as_json):
         click.echo(f"           {count} x {w}x{hh} {mode}")
     if len(h["images"]) > 20:
         click.echo(f"           ... {len(h['images']) - 20} more runs")
+    wide = [(i, m["deep"]) for i, (*_, m) in enumerate(api.expand_images(h)) if "deep" in m]
+    for i, d in wide[:20]:
+        click.echo(f"{'16-bit:' if i == wide[0][0] else '':11s}{'image ' + str(i) + ': ' if n > 1 else ''}{deep.describe(d)}")
+    if len(wide) > 20:
+        click.echo(f"           ... {len(wide) - 20} more 16-bit images")
     kept = sorted((int(i), m["kept"]) for i, m in h.get("meta", {}).items() if "kept" in m and i.isdigit())
     for i, k in kept[:20]:
         name = h["meta"][str(i)].get("name")
@@ -442,7 +456,8 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
         back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
     t2 = time.perf_counter()
     api.check_identical(sources, back)
-    out = {"images": len(sources), "bytes": len(data), "metadata_bytes": rep.metadata_bytes, "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
+    out = {"images": len(sources), "bytes": len(data), "metadata_bytes": rep.metadata_bytes,
+           "low_bytes": rep.low_bytes, "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
            "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
            "model_estimate_bpd": rep.model_estimate_bpd,
            "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
@@ -451,8 +466,7 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
     if as_json:
         click.echo(json.dumps(out))
     else:
-        kept = f" ({rep.metadata_bytes} of them metadata)" if rep.metadata_bytes else ""
-        click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes{kept}, {rep.bpd:.3f} bits/dim "
+        click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
                    f"[{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical"
                    + ("" if not rep.metadata_bytes else ", metadata identical"))
 

@@ -26,8 +26,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import __version__, container, images as imgs, metadata
+from . import __version__, container, deep, images as imgs, metadata
 from .coding import stream, workers
+from .coding.ans import Message
 from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
 from .coding import seed_codec
 from .coding.seed_codec import shared_analyses
@@ -136,6 +137,7 @@ class CompressReport:
     model_skipped: str | None = None
     model_saving: "Saving | None" = None  # fallback "auto", seed tiles in the image's context: what decided
     metadata_bytes: int = 0  # the images' metadata section with its length and CRC (file_bytes counts it)
+    low_bytes: int = 0  # 16-bit images: their low-bit section with its length and CRC (file_bytes counts it)
 
     @property
     def model_estimate_bpd(self) -> float | None:
@@ -220,7 +222,7 @@ def _model_run(threads: int | None):
 def _images_crc(sources: list[imgs.SourceImage]) -> int:
     crc = 0
     for s in sources:
-        crc = zlib.crc32(imgs.pixel_crc(imgs.to_pil(s)).to_bytes(4, "little"), crc)
+        crc = zlib.crc32(imgs.image_crc(s).to_bytes(4, "little"), crc)
     return crc & 0xFFFFFFFF
 
 
@@ -359,6 +361,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
     if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     _check_arith(arith, None if seed_alone else device)
+    low, low_bits = low_section(sources)  # 16-bit images' low bits: their own section, whatever codes the rest
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
     if seed_alone:  # a seed-only file's header names no model and no setup (_pack)
         codec, head = stream.NO_MODEL, {"codec": __version__, "mode": mode}
@@ -393,7 +396,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         phase("seed codec")
         alt_ss = stream.seed_only_settings([im.color_shape for im in images])
         alt_payload, alt_fields, alt_rep = stream.encode(images, codec, alt_ss, jobs=jobs)
-        best = (_pack(head, settings, alt_ss, alt_payload, alt_fields, section), alt_payload, alt_rep)
+        best = (_pack(head, settings, alt_ss, alt_payload, alt_fields, section, low), alt_payload, alt_rep)
         seed_bytes = len(best[0])
         if fallback == "auto" and not in_context:
             threshold = 8 * seed_bytes / dims + FALLBACK_MARGIN_BPD
@@ -435,7 +438,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
             # a coder refused a value: the solver left the range it can code (steps far too few)
             hint = "try more --steps" + (" or --mode chain" if mode == "ode" else "")
             raise SfcError(f"encoding failed ({e}); {hint}") from None
-        data = _pack(head, settings, ss, payload, fields, section)
+        data = _pack(head, settings, ss, payload, fields, section, low)
         model_bytes = len(data)
         if best is None or model_bytes <= len(best[0]):
             best = (data, payload, rep)
@@ -443,9 +446,11 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         progress(compress_work_units(sources, model, mode, settings, ss, fallback))
     data, payload, rep = best
     section_bytes = len(section) + 8 if section else 0
-    report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload) - section_bytes,
+    # a version 6 file frames its metadata section even when empty: those 8 bytes are the low bits' cost
+    low_bytes = 4 * len(low) + 8 + (0 if section else 8) if low is not None else 0
+    report = CompressReport(len(sources), dims, len(data), len(data) - 4 * len(payload) - section_bytes - low_bytes,
                             32 * len(payload), rep.predicted_bits, time.perf_counter() - t0, rep, settings, model_bytes,
-                            seed_bytes, estimate, skipped, saving, section_bytes)
+                            seed_bytes, estimate, skipped, saving, section_bytes, low_bytes)
     return data, report
 
 
@@ -704,9 +709,10 @@ def tile_activity(tiles: np.ndarray) -> np.ndarray:
 
 
 def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.ndarray, fields: dict,
-          section: bytes = b"") -> bytes:
-    """The .sfc bytes of a stream: `head` (what does not depend on the stream) plus its coding, and
-    the images' metadata `section` (metadata.pack; format version 5 where there is one)."""
+          section: bytes = b"", low: np.ndarray | None = None) -> bytes:
+    """The .sfc bytes of a stream: `head` (what does not depend on the stream) plus its coding, the
+    images' metadata `section` (metadata.pack; format version 5 where there is one) and the 16-bit
+    images' `low` words (low_section; version 6 where there are any)."""
     so = seed_only(fields)
     header = {
         # a seed-only stream decodes without a model or floats: it leaves out the model and the
@@ -723,7 +729,35 @@ def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.nda
         "fields": fields,
         **{k: v for k, v in head.items() if k not in ("codec", "model", "mode") and not (so and k == "setup")},
     }
-    return container.pack(header, payload, section=section)
+    return container.pack(header, payload, section=section, low_words=low)
+
+
+def low_section(sources: list[imgs.SourceImage]) -> tuple[np.ndarray | None, float]:
+    """(uint32 ANS words, predicted bits) of the 16-bit images' low bits and tables (deep.push_image,
+    the images in order); (None, 0) where no image is 16-bit."""
+    if not any(s.deep for s in sources):
+        return None, 0.0
+    m = Message()
+    bits = sum(deep.push_image(m, s.high_planes(), s.low, s.table, s.meta["deep"]) for s in reversed(sources) if s.deep)
+    return m.words(), bits
+
+
+def _pop_low(sources: list[imgs.SourceImage], low: np.ndarray | None) -> None:
+    """Give each decoded 16-bit image its low bits and table from the low-bit section's words."""
+    deep_ones = [s for s in sources if s.deep]
+    if bool(deep_ones) != (low is not None):
+        raise BadFileError("corrupt .sfc file: 16-bit images and a low-bit section go together (format version 6)")
+    if not deep_ones:
+        return
+    try:
+        m = Message(low)
+        for s in deep_ones:
+            s.low, s.table = deep.pop_image(m, s.high_planes(), s.meta["deep"])
+        left = not m.is_empty()
+    except (ValueError, OverflowError, IndexError, KeyError) as e:
+        raise BadFileError(f"corrupt low-bit section: it does not decode ({e.__class__.__name__})") from None
+    if left:
+        raise BadFileError("corrupt low-bit section: words left over after the last image")
 
 
 def _seed_only_stream(ss: stream.StreamSettings) -> dict:
@@ -790,7 +824,7 @@ def _validate_fields(h: dict) -> None:
     total = 0
     for run in h["images"]:
         if (not isinstance(run, list) or len(run) != 4 or not all(isinstance(v, int) for v in (run[0], run[1], run[3]))
-                or run[2] not in ("RGB", "RGBA", "L", "LA", "1", "P", "PA")):
+                or run[2] not in ("RGB", "RGBA", "L", "LA", "1", "P", "PA", *deep.MODES)):
             raise BadFileError("corrupt header: bad image list")
         w, hh, _, n = run
         if not (1 <= w and 1 <= hh and w * hh <= imgs.MAX_PIXELS and 1 <= n <= MAX_IMAGES):
@@ -804,6 +838,11 @@ def _validate_fields(h: dict) -> None:
     if not isinstance(meta, dict) or not all(isinstance(v, dict) for v in meta.values()):
         raise BadFileError("corrupt header: per-image metadata is not an object of objects")
     metadata.check_entries([v["kept"] for v in meta.values() if "kept" in v])  # what the section holds
+    for _, _, mode, m in expand_images(h):
+        if mode in deep.MODES:
+            deep.check(m.get("deep"), imgs.channels_of(mode))
+        elif "deep" in m:
+            raise BadFileError("corrupt header: a 16-bit description on an 8-bit image")
     _validate_coding(h)
 
 
@@ -881,7 +920,8 @@ def _validate_coding(h: dict) -> None:
         raise BadFileError("corrupt header: tile counts do not match the image sizes")
 
 
-def _expand(h: dict) -> list[tuple[int, int, str, dict]]:
+def expand_images(h: dict) -> list[tuple[int, int, str, dict]]:
+    """(width, height, mode, meta) of each image of a (validated) header."""
     out = []
     meta = h.get("meta", {})
     for w, hh, mode, n in h["images"]:
@@ -892,7 +932,8 @@ def _expand(h: dict) -> list[tuple[int, int, str, dict]]:
 
 def _stream_shapes(h: dict) -> list:
     shapes = []
-    for w, hh, mode, meta in _expand(h):
+    for w, hh, mode, meta in expand_images(h):
+        mode = deep.BASE_MODE.get(mode, mode)  # a 16-bit image's high bits: its 8-bit mode's planes
         color_c = {"RGB": 3, "RGBA": 3, "L": 1, "LA": 1, "1": 1}.get(mode)
         extra_c = 0
         if mode in ("RGBA", "LA") and "alpha_const" not in meta:
@@ -975,9 +1016,9 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     file's model (None will do for a seed-only file, see needs_model). jobs: processes for a file in
     parts (compress's jobs; None: every usable core within the available memory)."""
     _check_jobs(jobs)
-    header, payload, section = container.unpack_all(data)
+    header, payload, section, low = container.unpack_all(data)
     _validate(header)
-    kept = metadata.unpack([m.get("kept", {}) for *_, m in _expand(header)], section)  # before the long part
+    kept = metadata.unpack([m.get("kept", {}) for *_, m in expand_images(header)], section)  # before the long part
     check_setup(header, model, device)
     shapes = _stream_shapes(header)
     use_model = needs_model(header)
@@ -1002,7 +1043,8 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     except BadFileError as e:
         raise BadFileError(f"{e}{_why(header)}") from None
     sources = [imgs.SourceImage(mode, d.color, d.extra, {k: v for k, v in meta.items() if k != "kept"}, md)
-               for (w, hh, mode, meta), d, md in zip(_expand(header), decoded, kept)]
+               for (w, hh, mode, meta), d, md in zip(expand_images(header), decoded, kept)]
+    _pop_low(sources, low)
     try:
         crc = _images_crc(sources)
     except (SfcError, KeyError, ValueError, IndexError, TypeError, AttributeError):
@@ -1053,7 +1095,7 @@ def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: 
 
 
 def decompress_arrays(data: bytes, model, device: str = "cpu") -> list[np.ndarray]:
-    return [np.asarray(imgs.to_pil(s)) for s in decompress(data, model, device)]
+    return [imgs.to_array(s) for s in decompress(data, model, device)]
 
 
 def verify_is_cheap(sources: list[imgs.SourceImage], mode: str) -> bool:
@@ -1063,13 +1105,12 @@ def verify_is_cheap(sources: list[imgs.SourceImage], mode: str) -> bool:
 
 
 def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceImage]) -> None:
-    """Pixel-exact comparison of what was read and what came back (as Pillow images), and of their
-    metadata (ICC profile, EXIF ...)."""
+    """Pixel-exact comparison of what was read and what came back (as Pillow images; 16-bit ones as
+    their arrays), and of their metadata (ICC profile, EXIF ...)."""
     if len(sources) != len(decoded):
         raise DecodeMismatchError("decoded a different number of images than were encoded")
     for i, (a, b) in enumerate(zip(sources, decoded)):
-        pa, pb = imgs.to_pil(a), imgs.to_pil(b)
-        if pa.mode != pb.mode or pa.size != pb.size or not np.array_equal(np.asarray(pa), np.asarray(pb)):
+        if a.mode != b.mode or a.size != b.size or not np.array_equal(imgs.to_array(a), imgs.to_array(b)):
             raise DecodeMismatchError(f"image {i}: decoded pixels differ from the input; nothing was written")
         if a.metadata != b.metadata:
             raise DecodeMismatchError(f"image {i}: decoded metadata (ICC, EXIF ...) differs from the input; "
@@ -1096,6 +1137,8 @@ def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray],
                 names.append(f"{p.name}[{i}]")
         else:
             src = imgs.load_image(p)
+            if src.deep:
+                raise imgs.UnsupportedImageError(f"{p}: a 16-bit image; the model's bits/dim are for 8-bit images")
             arrays.append(np.asarray(imgs.to_pil(src)))
             names.append(p.name)
         if limit is not None and len(arrays) >= limit:

@@ -3,9 +3,9 @@
 Layout (all integers little-endian)::
 
     magic        8 bytes   b"\\x89SFC\\r\\n\\x1a\\n"  (PNG-style: catches text-mode mangling)
-    version      u16       FORMAT_VERSION (4; 5 with a metadata section; versions 1 to 3 differ only in
-                           the header's dictionary)
-    release      u16       versions 1 - 3: 0 (reserved). Versions 4, 5: the writer's release x.y.z as
+    version      u16       FORMAT_VERSION (4; 5 with a metadata section, 6 with 16-bit images;
+                           versions 1 to 3 differ only in the header's dictionary)
+    release      u16       versions 1 - 3: 0 (reserved). Versions 4 - 6: the writer's release x.y.z as
                            1 + (x << 12 | y << 6 | z), its "codec" string taken out of the JSON
                            (x < 15, y, z < 64); 0 where the header has no such release (the JSON
                            then carries "codec", if any)
@@ -17,15 +17,20 @@ Layout (all integers little-endian)::
     payload_len  u32       bytes, a multiple of 4
     payload      payload_len bytes: uint32 ANS words, little-endian
     payload_crc  u32       CRC32 of payload
-    (version 5 only: a file that keeps its images' metadata, metadata.py)
+    (versions 5 and 6: a file that keeps its images' metadata, metadata.py; empty in version 6 without)
     section_len  u32       bytes of the metadata section
     section      section_len bytes (raw DEFLATE of the images' ICC profiles, EXIF, XMP, PNG chunks;
                  what they are and how long, the header's per-image "kept" entries)
     section_crc  u32       CRC32 of section
+    (version 6 only: a file with 16-bit images, deep.py)
+    low_len      u32       bytes of the low-bit section, a multiple of 4
+    low          low_len bytes: uint32 ANS words, little-endian (the 16-bit images' low bits and tables)
+    low_crc      u32       CRC32 of low
 
-A writer uses version 5 only for a file with metadata, so a file without any is version 4, byte for
-byte what 0.9.26 wrote, and a release before 0.9.27 refuses a file whose metadata it would drop
-("format version 5 not supported").
+A writer uses version 5 only for a file with metadata and version 6 only for one with 16-bit images,
+so a file of 8-bit images without metadata is version 4, byte for byte what 0.9.26 wrote, and a
+release before 0.9.27 refuses a file whose metadata it would drop ("format version 5 not
+supported"), one before 0.9.28 a file whose low bits it would drop (version 6).
 
 28 bytes of framing plus the deflated header: a 32x32 image's file has to carry it, so the
 header is kept small (api.py omits settings that equal the format's defaults).
@@ -112,9 +117,11 @@ ZDICT_V4 = ZDICT_V3 + (
     b'{"crc32":,"fields":{"n_seed":1,"n_tiles":1,"pad_stripped":1,"pad_words":2},'
     b'"images":[[32,32,"RGB",1]],"meta":{"0":{"name":".png"}},"mode":"chain","settings":{},"stream":{"seed":5}}')
 # Version 5 (0.9.27): version 4 and a metadata section after the payload (same header dictionary).
-ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2, 3: ZDICT_V3, 4: ZDICT_V4, 5: ZDICT_V4}
+# Version 6 (0.9.28): version 5 and a low-bit section after the metadata section.
+ZDICTS = {1: ZDICT_V1, 2: ZDICT_V2, 3: ZDICT_V3, 4: ZDICT_V4, 5: ZDICT_V4, 6: ZDICT_V4}
 RELEASE_FIELD = 4  # the first format version whose fixed header carries the release
-SECTION_VERSION = 5  # the first (and only) format version with a metadata section
+SECTION_VERSION = 5  # the first format version with a metadata section
+DEEP_VERSION = 6  # the first (and only) format version with a low-bit section
 
 
 def release_field(codec: Any) -> int:
@@ -148,16 +155,20 @@ def _canonical_json(header: dict) -> bytes:
     ).encode("utf-8")
 
 
-def pack(header: dict, payload_words: np.ndarray, version: int | None = None, section: bytes = b"") -> bytes:
-    """Build the bytes of a .sfc file: format `version` (by default FORMAT_VERSION, or
-    SECTION_VERSION where there is a metadata `section`; a test may ask for an older one). Raises
-    ValueError for a header we could not read back."""
+def pack(header: dict, payload_words: np.ndarray, version: int | None = None, section: bytes = b"",
+         low_words: np.ndarray | None = None) -> bytes:
+    """Build the bytes of a .sfc file: format `version` (by default FORMAT_VERSION, SECTION_VERSION
+    where there is a metadata `section`, DEEP_VERSION where there are `low_words`, the 16-bit images'
+    uint32 ANS words, even none; a test may ask for an older one). Raises ValueError for a header we
+    could not read back."""
     if version is None:
-        version = SECTION_VERSION if section else FORMAT_VERSION
+        version = DEEP_VERSION if low_words is not None else SECTION_VERSION if section else FORMAT_VERSION
     if version not in ZDICTS:
         raise ValueError(f"no format version {version}")
     if section and version < SECTION_VERSION:
         raise ValueError(f"format version {version} has no metadata section")
+    if low_words is not None and version < DEEP_VERSION:
+        raise ValueError(f"format version {version} has no low-bit section")
     if not isinstance(header, dict):
         raise ValueError("header must be a dict")
     release = release_field(header.get("codec")) if version >= RELEASE_FIELD else 0
@@ -168,10 +179,7 @@ def pack(header: dict, payload_words: np.ndarray, version: int | None = None, se
         raise ValueError(f"header is {len(js)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
     comp = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, ZDICTS[version])
     hb = comp.compress(js) + comp.flush()
-    words = np.asarray(payload_words)
-    if words.ndim != 1 or words.dtype != np.uint32:
-        raise ValueError("payload_words must be a 1-D uint32 array")
-    pb = words.astype("<u4").tobytes()
+    pb = _words_bytes(payload_words, "payload_words")
     head = _FIXED.pack(version, release, len(hb)) + hb
     parts = [MAGIC, head, _U32.pack(zlib.crc32(head)), _U32.pack(len(pb)), pb, _U32.pack(zlib.crc32(pb))]
     if version >= SECTION_VERSION:
@@ -179,7 +187,17 @@ def pack(header: dict, payload_words: np.ndarray, version: int | None = None, se
         if len(section) >= 1 << 32:
             raise ValueError("metadata section over 4 GiB")
         parts += [_U32.pack(len(section)), section, _U32.pack(zlib.crc32(section))]
+    if version >= DEEP_VERSION:
+        lb = _words_bytes(np.zeros(0, np.uint32) if low_words is None else low_words, "low_words")
+        parts += [_U32.pack(len(lb)), lb, _U32.pack(zlib.crc32(lb))]
     return b"".join(parts)
+
+
+def _words_bytes(words, what: str) -> bytes:
+    words = np.asarray(words)
+    if words.ndim != 1 or words.dtype != np.uint32:
+        raise ValueError(f"{what} must be a 1-D uint32 array")
+    return words.astype("<u4").tobytes()
 
 
 def _parse_header(data: bytes) -> tuple[dict, int, int]:
@@ -264,25 +282,35 @@ def format_version(data: bytes) -> int:
 
 
 def unpack(data: bytes) -> tuple[dict, np.ndarray]:
-    """(header, payload words as native uint32) from the bytes of a .sfc file, fully checked (the
-    metadata section of a version 5 file too)."""
-    header, words, _ = unpack_all(data)
-    return header, words
+    """(header, payload words as native uint32) from the bytes of a .sfc file, fully checked (its
+    metadata and low-bit sections too)."""
+    return unpack_all(data)[:2]
 
 
-def unpack_all(data: bytes) -> tuple[dict, np.ndarray, bytes]:
-    """(header, payload words, metadata section: b"" before version 5) of a .sfc file, fully checked."""
+def unpack_all(data: bytes) -> tuple[dict, np.ndarray, bytes, np.ndarray | None]:
+    """(header, payload words, metadata section: b"" before version 5, low-bit section's words: None
+    before version 6) of a .sfc file, fully checked."""
     header, pos, version = _parse_header(data)
     data = memoryview(data)
-    has_section = version >= SECTION_VERSION
-    payload, pos = _framed(data, pos, "payload", last=not has_section)
-    if len(payload) % 4:
-        raise BadFileError(f"corrupt .sfc file: payload size {len(payload)} is not a whole number of words")
-    words = np.frombuffer(payload, dtype="<u4").astype(np.uint32)
+    has_section, has_low = version >= SECTION_VERSION, version >= DEEP_VERSION
+    words, pos = _words(data, pos, "payload", last=not has_section)
+    section = b""
+    if has_section:
+        block, pos = _framed(data, pos, "metadata section", last=not has_low)
+        section = bytes(block)
+    low = _words(data, pos, "low-bit section", last=True)[0] if has_low else None
+    return header, words, section, low
+
+
+def _words(data: memoryview, pos: int, what: str, last: bool) -> tuple[np.ndarray, int]:
+    """A framed block of ANS words (a whole number of them, the last nonzero): (uint32 words, position after)."""
+    block, pos = _framed(data, pos, what, last)
+    if len(block) % 4:
+        raise BadFileError(f"corrupt .sfc file: {what} size {len(block)} is not a whole number of words")
+    words = np.frombuffer(block, dtype="<u4").astype(np.uint32)
     if len(words) and words[-1] == 0:
-        raise BadFileError("corrupt .sfc file: payload does not end in a nonzero ANS word")
-    section = bytes(_framed(data, pos, "metadata section", last=True)[0]) if has_section else b""
-    return header, words, section
+        raise BadFileError(f"corrupt .sfc file: {what} does not end in a nonzero ANS word")
+    return words, pos
 
 
 def _framed(data: memoryview, pos: int, what: str, last: bool) -> tuple[memoryview, int]:

@@ -14,8 +14,12 @@ Modes coded:
                                     `palette_as_indices` gives a colour-coded palette image's
                                     index plane, which the codec keeps where it codes smaller
                                     (api.choose_palette_coding)
-Refused with a clear message: 16-bit / 32-bit / float (I;16, I, F), CMYK, YCbCr, LAB, HSV,
-premultiplied (RGBa, La), animations, and anything Pillow can't open.
+  L;16, LA;16, RGB;16, RGBA;16  -> 16-bit images (grey PNG / TIFF, 48/64-bit PNG): the 8-bit image of
+                                    their high bits as above, the low bits in their own section
+                                    (deep.py); `to_array` gives them, `encode_source` writes a PNG
+Refused with a clear message: 32-bit / float (I, F), 16-bit colour other than PNG, 16-bit PNGs with
+a transparent colour, CMYK, YCbCr, LAB, HSV, premultiplied (RGBa, La), animations, and anything
+Pillow can't open.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from . import deep as dp
 from . import metadata as md
 from .errors import BadImageError, UnsupportedImageError
 
@@ -40,12 +45,15 @@ MAX_PIXELS = 100_000_000  # per image; bigger needs more memory than a laptop ha
 class SourceImage:
     """An image as the codec sees it."""
 
-    mode: str                       # mode to restore: RGB, RGBA, L, LA, 1, P, PA
-    color: np.ndarray | None        # uint8 [C, H, W], C in {1, 3}: coded by the model
+    mode: str                       # mode to restore: RGB, RGBA, L, LA, 1, P, PA; RGB;16 ... (deep.MODES)
+    color: np.ndarray | None        # uint8 [C, H, W], C in {1, 3}: coded by the model (a 16-bit image's high bits)
     extra: np.ndarray | None        # uint8 [E, H, W]: alpha or palette indices (seed codec)
-    meta: dict = field(default_factory=dict)  # palette, transparency, constant alpha ...
+    meta: dict = field(default_factory=dict)  # palette, transparency, constant alpha, 16-bit "deep" ...
     # ICC profile, EXIF, XMP, PNG chunks, resolution: not pixels, kept for the user (metadata.py)
     metadata: dict = field(default_factory=dict)
+    # a 16-bit image's low bits (uint8 [C, H, W], every channel) and table of values (deep.split)
+    low: np.ndarray | None = field(default=None, compare=False)
+    table: np.ndarray | None = field(default=None, compare=False)
     # set once api.choose_palette_coding has chosen between colours and indices (not stored)
     coding_chosen: bool = field(default=False, compare=False)
 
@@ -60,9 +68,22 @@ class SourceImage:
         w, h = self.size
         return w * h * channels_of(self.mode)
 
+    @property
+    def deep(self) -> bool:
+        """A 16-bit image (deep.MODES)."""
+        return self.mode in dp.MODES
+
+    def high_planes(self) -> np.ndarray:
+        """A 16-bit image's high bits, every channel (uint8 [C, H, W]: colour, then alpha)."""
+        planes = [self.color]
+        if self.mode.startswith(("RGBA", "LA")):
+            w, h = self.size
+            planes.append(self.extra if self.extra is not None else np.full((1, h, w), self.meta["alpha_const"], np.uint8))
+        return np.concatenate(planes)
+
 
 def channels_of(mode: str) -> int:
-    return {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2}[mode]
+    return {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2, "1": 1, "P": 1, "PA": 2, **dp.MODES}[mode]
 
 
 def pixel_crc(img: Image.Image) -> int:
@@ -87,6 +108,18 @@ def _split_alpha(arr: np.ndarray, meta: dict) -> np.ndarray | None:
     return _planes(a)
 
 
+def from_deep(arr: np.ndarray, mode: str) -> SourceImage:
+    """A 16-bit image, uint16 [H, W, C] of mode deep.MODES: its high bits as an 8-bit image (alpha
+    apart, as for RGBA), its low bits and table (deep.split)."""
+    hi, lo, table, info = dp.split(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    meta: dict = {"deep": info}
+    cc = 3 if mode.startswith("RGB") else 1
+    extra = None
+    if hi.shape[0] > cc:
+        extra = _split_alpha(hi[cc][:, :, None], meta)
+    return SourceImage(mode, np.ascontiguousarray(hi[:cc]), extra, meta, low=lo, table=table)
+
+
 def _pixels_from_pil(img: Image.Image) -> SourceImage:
     """The pixels of a Pillow image, refusing what can't be coded losslessly."""
     if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
@@ -101,8 +134,12 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
     if w * h > MAX_PIXELS:
         raise UnsupportedImageError(f"image too large: {w}x{h} pixels (limit {MAX_PIXELS})")
     meta: dict = {}
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F", "I;32"):
-        raise UnsupportedImageError(f"{mode} images (16/32-bit or float) are not supported: only 8 bits per channel")
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        if "transparency" in img.info:
+            raise UnsupportedImageError("16-bit images with a transparent colour (tRNS) are not supported")
+        return from_deep(np.asarray(img).astype(np.uint16)[:, :, None], "L;16")
+    if mode in ("I", "F", "I;32"):
+        raise UnsupportedImageError(f"{mode} images (32-bit or float) are not supported: 8 or 16 bits per channel")
     if mode in ("CMYK", "YCbCr", "LAB", "HSV"):
         raise UnsupportedImageError(f"{mode} images are not supported: convert to RGB first")
     if mode in ("RGBa", "La"):
@@ -196,9 +233,18 @@ def load_image(path: str | os.PathLike) -> SourceImage:
     try:
         with Image.open(p) as img:
             wide = _wide_rawmode(img)
+            if wide and dp.wide_png(img) and "transparency" not in img.info:
+                if img.width * img.height > MAX_PIXELS:
+                    raise UnsupportedImageError(f"image too large: {img.width}x{img.height} pixels (limit {MAX_PIXELS})")
+                arr, mode = dp.read_png(p, wide)
+                src = from_deep(arr, mode)
+                src.metadata = md.read(img)
+                return src
+            if wide and dp.wide_png(img):
+                raise UnsupportedImageError("16-bit PNGs with a transparent colour (tRNS) are not supported")
             if wide:
-                raise UnsupportedImageError(f"{wide} samples (16 bits per channel) are not supported: only 8 bits "
-                                            "per channel")
+                raise UnsupportedImageError(f"{wide} samples: 16-bit colour is read from PNG files only (save it as a "
+                                            "16-bit PNG)")
             img.load()
             return from_pil(img)
     except BadImageError as e:
@@ -210,10 +256,16 @@ def load_image(path: str | os.PathLike) -> SourceImage:
 
 
 def from_array(arr: np.ndarray) -> SourceImage:
-    """uint8 [H, W] or [H, W, C] (C = 1, 2, 3, 4) -> SourceImage."""
+    """uint8 or uint16 [H, W] or [H, W, C] (C = 1, 2, 3, 4) -> SourceImage."""
     arr = np.asarray(arr)
+    if arr.dtype == np.uint16:
+        a3 = arr[:, :, None] if arr.ndim == 2 else arr
+        mode = {1: "L;16", 2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}.get(a3.shape[2]) if a3.ndim == 3 else None
+        if mode is None or 0 in a3.shape:
+            raise UnsupportedImageError(f"array of shape {arr.shape} is not an image")
+        return from_deep(a3, mode)
     if arr.dtype != np.uint8:
-        raise UnsupportedImageError(f"arrays must be uint8, got {arr.dtype}")
+        raise UnsupportedImageError(f"arrays must be uint8 or uint16, got {arr.dtype}")
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
     modes = {2: "L", 3: {2: "LA", 3: "RGB", 4: "RGBA"}}
@@ -223,8 +275,28 @@ def from_array(arr: np.ndarray) -> SourceImage:
     return from_pil(Image.fromarray(arr, mode))
 
 
+def to_array(src: SourceImage) -> np.ndarray:
+    """The restored pixels: uint8 as Pillow gives them (to_pil), uint16 [H, W, C] for a 16-bit image."""
+    if not src.deep:
+        return np.asarray(to_pil(src))
+    u = dp.join(src.high_planes(), src.low, src.table, src.meta["deep"])
+    return np.ascontiguousarray(u.transpose(1, 2, 0))
+
+
+def image_crc(src: SourceImage) -> int:
+    """CRC32 of the restored pixels: pixel_crc of to_pil, or for a 16-bit image of its mode, size and
+    samples (big-endian 16-bit, as in a PNG)."""
+    if not src.deep:
+        return pixel_crc(to_pil(src))
+    w, h = src.size
+    head = f"{src.mode}:{w}x{h}:".encode()
+    return zlib.crc32(to_array(src).astype(">u2").tobytes(), zlib.crc32(head)) & 0xFFFFFFFF
+
+
 def to_pil(src: SourceImage) -> Image.Image:
-    """SourceImage -> Pillow image in the original mode."""
+    """SourceImage -> Pillow image in the original mode (not for a 16-bit image: to_array)."""
+    if src.deep:
+        raise UnsupportedImageError(f"a {src.mode} image has no Pillow mode: use to_array or encode_source")
     m = src.meta
     w, h = src.size
     if src.mode in ("P", "PA"):
@@ -285,6 +357,15 @@ def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) ->
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
     return buf.getvalue()
+
+
+def encode_source(src: SourceImage, suffix: str) -> bytes:
+    """encode_image of the restored image with its metadata; a 16-bit image only as a PNG."""
+    if src.deep:
+        if LOSSLESS_SAVE.get(suffix.lower()) != "PNG":
+            raise UnsupportedImageError(f"a 16-bit image can only be written as .png, not {suffix!r}")
+        return dp.encode_png(to_array(src), src.mode, src.metadata)
+    return encode_image(to_pil(src), suffix, src.metadata)
 
 
 def metadata_dropped(metadata: dict, suffix: str) -> list[str]:

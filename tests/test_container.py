@@ -13,6 +13,7 @@ from scoreflow_codec.container import (
     FORMAT_VERSION,
     MAGIC,
     MAX_HEADER_BYTES,
+    DEEP_VERSION,
     SECTION_VERSION,
     format_version,
     pack,
@@ -51,11 +52,14 @@ def test_golden_bitstream(version):
 
 
 def test_pack_writes_the_latest_version():
-    # 4 without metadata; 5 (0.9.27) only for a file with a metadata section (test_metadata)
-    assert FORMAT_VERSION == 4 and SECTION_VERSION == max(ZDICTS) == 5
+    # 4 without metadata; 5 (0.9.27) only for a file with a metadata section (test_metadata); 6
+    # (0.9.28) only for a file with 16-bit images (test_deep)
+    assert FORMAT_VERSION == 4 and SECTION_VERSION == 5 and DEEP_VERSION == max(ZDICTS) == 6
     assert pack(GOLDEN_HEADER, GOLDEN_WORDS) == GOLDENS[4].read_bytes()
     with pytest.raises(ValueError):
-        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=6)
+        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=7)
+    with pytest.raises(ValueError, match="no low-bit section"):
+        pack(GOLDEN_HEADER, GOLDEN_WORDS, version=5, low_words=GOLDEN_WORDS)
     with pytest.raises(ValueError, match="no metadata section"):
         pack(GOLDEN_HEADER, GOLDEN_WORDS, version=4, section=b"x")
 

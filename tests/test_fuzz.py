@@ -165,12 +165,12 @@ def test_random_bit_flips(files, model):
 def test_other_format_versions(files, model):
     a, _, _ = files
     assert container.format_version(a) == container.FORMAT_VERSION == 4
-    for v in (0, 6, 0xFFFF):
+    for v in (0, 7, 0xFFFF):
         bad = bytearray(a)
         struct.pack_into("<H", bad, 8, v)
         # the version is checked before the CRC, so the message is about the version
         _refuse(bytes(bad), model, UnsupportedVersionError, f"format version {v}")
-    for v in (1, 5):  # a version this release reads: the header CRC catches it
+    for v in (1, 5, 6):  # a version this release reads: the header CRC catches it
         bad = bytearray(a)
         struct.pack_into("<H", bad, 8, v)
         _refuse(bytes(bad), model, BadFileError, "header CRC")
@@ -472,7 +472,7 @@ def meta_file():
 
 
 def _with_section(data: bytes, section: bytes, edit=None) -> bytes:
-    header, words, _ = container.unpack_all(data)
+    header, words, _, _ = container.unpack_all(data)
     h = copy.deepcopy(header)
     if edit:
         edit(h)

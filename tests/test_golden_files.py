@@ -61,17 +61,23 @@ def test_golden_files_exist():
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
     assert shas == {zoo.load_model(n).sha256 for n in names}
     # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from
-    # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept; the
-    # same image as seed-h6 (0.6.0), seed-f2's file is 26 bytes smaller, all of it header
+    # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept, 6 from
+    # 0.9.28 where there are 16-bit images; the same image as seed-h6 (0.6.0), seed-f2's file is 26
+    # bytes smaller, all of it header
     versions = {p.stem: container.format_version(p.read_bytes()) for p in FILES}
     for p in FILES:
-        r, kept = _release(p), any("kept" in m for m in api.read_header(p.read_bytes()).get("meta", {}).values())
-        assert versions[p.stem] == (5 if kept else 4 if r >= (0, 9, 1) else 3 if r >= (0, 9) else 2 if r >= (0, 8)
-                                    else 1), p.stem
+        metas = api.read_header(p.read_bytes()).get("meta", {}).values()
+        r, kept, wide = _release(p), any("kept" in m for m in metas), any("deep" in m for m in metas)
+        assert versions[p.stem] == (6 if wide else 5 if kept else 4 if r >= (0, 9, 1) else 3 if r >= (0, 9)
+                                    else 2 if r >= (0, 8) else 1), p.stem
         assert not kept or r >= (0, 9, 27)
+        assert not wide or r >= (0, 9, 28)
     assert versions["seed-f2"] == versions["cifar10-x6"] == 2 and versions["seed-h6"] == 1
     assert versions["cifar10-x7"] == versions["seed-x5"] == 3 and versions["seed-f4"] == 4
-    assert versions["seed-meta"] == 5 and set(versions.values()) == {1, 2, 3, 4, 5}
+    deep = [m["deep"] for m in api.read_header((GOLDEN / "seed-deep.sfc").read_bytes())["meta"].values()]
+    assert deep[0] == {"shift": 0, "table": 0, "low": 8} and deep[1] == {"shift": 4, "table": 0, "low": 4}
+    assert deep[2]["table"] > 0  # every path of deep.split: all 16 bits, shifted, a table
+    assert versions["seed-meta"] == 5 and versions["seed-deep"] == 6 and set(versions.values()) == {1, 2, 3, 4, 5, 6}
     # format version 4 holds the release in the fixed header: seed-f2's image written by 0.9.1 is
     # the same 1,219 bytes as 0.8.0's file (a 27-byte header; in version 3 the new release would
     # have cost 3 bytes)
@@ -124,6 +130,10 @@ def _same(decoded, path: Path) -> None:
     want = _pngs(path)
     assert len(decoded) == len(want) > 0
     for k, (src, w) in enumerate(zip(decoded, want)):
+        if src.deep:  # 16-bit: every bit of the PNG's samples (Pillow would give the high bytes)
+            w = images.to_array(images.load_image(GOLDEN / f"{path.stem}-{k}.png"))
+            assert np.array_equal(images.to_array(src), w) and w.dtype == np.uint16, f"{path.stem}-{k}.png"
+            continue
         assert np.array_equal(np.asarray(images.to_pil(src)), w), f"{path.stem}-{k}.png"
         assert src.metadata == images.load_image(GOLDEN / f"{path.stem}-{k}.png").metadata, f"{path.stem}-{k}.png"
 

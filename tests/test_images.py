@@ -228,16 +228,20 @@ def _refused(path, cls, *words):
     return e.value
 
 
-def test_16_bit_and_float_are_refused(tmp_path):
+def test_32_bit_and_float_are_refused(tmp_path):
+    """16-bit images are coded since 0.9.28 (tests/test_deep.py); 32-bit integer and float ones are not."""
     p16 = _write(tmp_path, "a.png", Image.fromarray(RNG.integers(0, 65536, (8, 8), np.uint16)))
-    assert Image.open(p16).mode.startswith("I;16")
-    _refused(p16, UnsupportedImageError, "16", "8 bits")
+    assert Image.open(p16).mode.startswith("I;16") and images.load_image(p16).mode == "L;16"
+    p32 = _write(tmp_path, "i.tif", Image.fromarray(RNG.integers(0, 2**31, (4, 4)).astype(np.int32), "I"))
+    _refused(p32, UnsupportedImageError, "32-bit", "8 or 16 bits")
     pf = _write(tmp_path, "f.tif", Image.fromarray(RNG.random((4, 4)).astype(np.float32), "F"))
     _refused(pf, UnsupportedImageError, "float")
     with pytest.raises(UnsupportedImageError):
-        images.from_array(np.zeros((4, 4), np.uint16))
+        images.from_array(np.zeros((4, 4), np.int32))
     with pytest.raises(UnsupportedImageError):
         images.from_array(np.zeros((4, 4, 5), np.uint8))
+    with pytest.raises(UnsupportedImageError):
+        images.from_array(np.zeros((4, 4, 5), np.uint16))
 
 
 @pytest.mark.parametrize("suffix", [".jpg", ".tif"])

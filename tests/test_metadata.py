@@ -297,7 +297,7 @@ def test_palette_coded_as_indices_keeps_its_metadata(tmp_path):
 def test_a_damaged_section_or_header_entry_is_refused(tmp_path):
     src = _load(_png(), tmp_path)
     data, _ = api.compress([src], None, fallback="seed")
-    header, words, section = container.unpack_all(data)
+    header, words, section, _ = container.unpack_all(data)
     for h, sec, version, words_ in (
             (header, section, 4, "does not hold"),  # the section left out (a version 4 file)
             (header, section[:-2], 5, "does not hold"),

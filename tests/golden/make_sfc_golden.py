@@ -92,6 +92,10 @@ CASES = {
     # profile, EXIF (orientation 6), XMP, text chunks, gamma, chromaticities and a resolution, the
     # second with a text chunk only
     "seed-meta": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "meta"),
+    # 0.9.28: format version 6, 16-bit images (deep.py): a 48-bit RGB PNG with all 16 bits used (8 low
+    # bits), a 32-bit grey + alpha one of 12-bit samples shifted up 4 bits, a 16-bit grey one of 10-bit
+    # samples scaled to 16 bits (a table of values)
+    "seed-deep": ("photo", [(96, 64), (64, 48), (64, 64)], ["--fallback", "seed"], "deep"),
 }
 
 
@@ -141,6 +145,19 @@ def synthetic_graphic(width: int, height: int, k: int) -> np.ndarray:
     return out
 
 
+def synthetic_deep(width: int, height: int, k: int) -> np.ndarray:
+    """uint16 [H, W, C] for case "deep"'s k-th PNG: RGB (k = 0), grey + alpha (1), grey (2): smooth
+    ramps plus Gaussian noise of 60 16-bit units (a seeded generator)."""
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.int64)
+    noise = np.round(np.random.default_rng(k).normal(0, 60, (height, width))).astype(np.int64)
+    base = 9000 + 400 * xx + 250 * yy + noise
+    if k == 0:
+        return np.clip(np.stack([base, base + 3000 + 40 * xx, base // 2 + 60 * yy], -1), 0, 65535).astype(np.uint16)
+    if k == 1:  # 12-bit samples in the top 12 bits, the alpha too (0xFFF0 opaque)
+        return np.stack([(base >> 4) << 4, np.where(xx < width // 2, 0xFFF0, 40000 + yy * 16)], -1).astype(np.uint16)
+    return ((base % 40000) // 40 * 65535 // 1023)[..., None].astype(np.uint16)  # 10-bit, scaled
+
+
 def png_metadata(k: int) -> dict:
     """Pillow save() arguments for case "meta"'s k-th PNG."""
     import struct
@@ -168,7 +185,11 @@ def make(name: str) -> None:
     pngs = []
     for k, (w, h) in enumerate(sizes):
         p = HERE / f"{name}-{k}.png"
-        Image.fromarray(make_image(w, h, k)).save(p, **(png_metadata(k) if kind == ["meta"] else {}))
+        if kind == ["deep"]:  # 16-bit PNGs, which Pillow cannot write in colour
+            from scoreflow_codec import images
+            p.write_bytes(images.encode_source(images.from_array(synthetic_deep(w, h, k)), ".png"))
+        else:
+            Image.fromarray(make_image(w, h, k)).save(p, **(png_metadata(k) if kind == ["meta"] else {}))
         pngs.append(str(p))
     sfc = HERE / f"{name}.sfc"
     subprocess.run(["sfcodec", "compress", *pngs, "-o", str(sfc), "--model", model, "--force", *extra],

@@ -1,0 +1,346 @@
+"""The low bits of a 16-bit image's samples, coded given its high bytes (images.split_deep).
+
+A sample u of `bits + 8` bits is (hi << bits) | lo: the high byte hi goes through the 8-bit codec
+(model or seed codec, whatever codes the image's planes) and is known to the decoder first; this
+codec codes lo, the low `bits` (1 to 8), given every hi.
+
+* Order: anti-diagonal wavefronts t = x + 2y, as the seed codec: a pixel's neighbours N, W, NW,
+  NE, WW, NN are in earlier wavefronts, so a wavefront is decoded in one vectorized step (all
+  channels at once). The decoder's picture of the image, V, starts as every sample's bin centre
+  (hi << bits) + 2**(bits - 1), known from hi alone, and takes each sample's true value as it is
+  decoded; a neighbour outside the image is read at the nearest pixel inside (coordinates clipped).
+  A neighbour that the decoder has not reached yet (S, E, SW, SE, or a clipped one in this or a later
+  wavefront) is read as its bin centre: the high bytes below and to the right say where a smooth
+  surface is going.
+* Prediction: one of PREDICTORS per channel (the encoder tries each and keeps the cheapest), on V,
+  clipped to the sample's bin: p_lo in 0 .. 2**bits - 1.
+* Context: CONTEXTS levels of bit_length(|N - NW| + |W - NW| + |NE - N|) on V.
+* Coding: lo as a categorical over 0 .. 2**bits - 1 with counts G[lo - p_lo] of a two-sided
+  geometric theta**|r| per (channel, context), a floor of FLOOR counts, theta a 16-bit integer
+  that the encoder fits (mean |residual|) and stores, so the decoder's tables are integer arithmetic
+  alone: the same bits on every machine. A constant low plane costs one flag and its value.
+
+Everything is on the caller's ANS stack: pixels first, then each channel's parameters on top (the
+decoder pops them first). `push` returns the codelength it predicts (categorical_bits of the same
+tables), which the real size matches to a few bits (tests/test_deep_codec.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .ans import Message
+from .distributions import _bit_length, categorical, categorical_bits, uniform
+
+PREDICTORS = ("med", "linear")  # linear: least-squares weights of features(), fitted per channel and stored
+OWN = ("N", "W", "NW", "NE", "WW", "NN", "S", "E", "SW", "SE")  # a channel's neighbours (less C, its bin centre)
+CROSS = 2  # channels before this one whose value at the pixel enters its features
+WEIGHT_BITS, WEIGHT_FRAC = 16, 13  # a weight is a signed 16-bit integer / 2**13: -4 .. 4
+FIT_PIXELS = 1 << 18
+OUTLIER = 6.0  # the fit is made again without the pixels whose error is beyond this many times the median
+CONTEXTS = 20          # bit_length of the activity, 0 .. 19 (an activity below 3 * 2**16 has at most 18)
+THETA_BITS = 16
+G0, FLOOR = 1 << 30, 1 << 12   # geometric counts G0 * theta**|r| (integer steps), plus FLOOR each
+MAX_BITS = 8
+CHUNK = 1 << 15        # pixels per categorical call in the encoder (memory: CHUNK * 2**bits floats)
+# neighbour -> (dy, dx); a neighbour is read as decoded where its wavefront comes first (2 dy + dx < 0)
+OFFSETS = {"N": (-1, 0), "W": (0, -1), "NW": (-1, -1), "NE": (-1, 1), "WW": (0, -2), "NN": (-2, 0),
+           "S": (1, 0), "E": (0, 1), "SW": (1, -1), "SE": (1, 1), "C": (0, 0)}
+_FLAG, _PRED, _THETA = uniform(2, ()), uniform(len(PREDICTORS), ()), uniform(1 << THETA_BITS, ())
+
+
+def _weights(n: int):
+    return uniform(1 << WEIGHT_BITS, (n,))
+
+
+def _check(hi: np.ndarray, bits: int) -> tuple[int, int, int]:
+    if not (isinstance(bits, int) and 1 <= bits <= MAX_BITS):
+        raise ValueError(f"deep codec: bits must be 1 .. {MAX_BITS}, got {bits!r}")
+    if hi.dtype != np.uint8 or hi.ndim != 3 or 0 in hi.shape:
+        raise ValueError(f"deep codec: expected uint8 high bytes [C, H, W], got {hi.dtype} {hi.shape}")
+    return hi.shape
+
+
+def _centres(hi: np.ndarray, bits: int) -> np.ndarray:
+    """[C, H, W] int64: each sample's bin centre."""
+    return (hi.astype(np.int64) << bits) + (1 << (bits - 1))
+
+
+def _at(ys: np.ndarray, xs: np.ndarray, h: int, w: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each neighbour's coordinates (clipped into the image) of pixels (ys, xs)."""
+    return {k: (np.clip(ys + dy, 0, h - 1), np.clip(xs + dx, 0, w - 1)) for k, (dy, dx) in OFFSETS.items()}
+
+
+def med(nb: dict[str, np.ndarray]) -> np.ndarray:
+    """LOCO-I's median edge detector on N, W, NW."""
+    n, w, nw = nb["N"], nb["W"], nb["NW"]
+    return np.where(nw >= np.maximum(n, w), np.minimum(n, w),
+                    np.where(nw <= np.minimum(n, w), np.maximum(n, w), n + w - nw))
+
+
+def n_features(c: int) -> int:
+    """How many features (and weights) channel c's linear predictor has."""
+    return len(OWN) + 3 * min(c, CROSS)
+
+
+def features(nb: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The linear predictor's inputs, all small differences (so that the weights' rounding moves the
+    prediction by little): each neighbour minus C, the sample's own bin centre; for each of the
+    channels d = 1, 2 before (where nb has them: "X1", "C1", "N1", "W1" ...), its value at the pixel,
+    already decoded, minus its own bin centre, its N and its W (the other channel's local step, which
+    the colours of a photograph share)."""
+    out = [nb[k] - nb["C"] for k in OWN]
+    d = 1
+    while f"X{d}" in nb:
+        x = nb[f"X{d}"]
+        out += [x - nb[f"C{d}"], x - nb[f"N{d}"], x - nb[f"W{d}"]]
+        d += 1
+    return out
+
+
+def linear(nb: dict[str, np.ndarray], weights) -> np.ndarray:
+    """C + the sum of weights[k] * features[k], weights in units of 2**-WEIGHT_FRAC, rounded down:
+    integers only."""
+    acc = np.full(nb["C"].shape, 1 << (WEIGHT_FRAC - 1), dtype=np.int64)
+    for f, wt in zip(features(nb), weights):
+        if wt:
+            acc += np.int64(wt) * f
+    return nb["C"] + (acc >> WEIGHT_FRAC)
+
+
+def fit_weights(nb: dict[str, np.ndarray], target: np.ndarray) -> list[int]:
+    """Least-squares weights of features() for target (about C, as `linear`), in WEIGHT_BITS-bit fixed
+    point (encoder only: stored). At most FIT_PIXELS pixels, evenly spaced."""
+    step = max(1, target.size // FIT_PIXELS)
+    a = np.stack([f[::step] for f in features(nb)], axis=1).astype(np.float64)
+    y = (target[::step] - nb["C"][::step]).astype(np.float64)
+    w = np.linalg.lstsq(a, y, rcond=None)[0]
+    err = np.abs(y - a @ w)
+    inliers = err <= OUTLIER * max(float(np.median(err)), 1.0)  # edges, wrapped values: fitted again without
+    if 2 * a.shape[1] <= inliers.sum() < len(y):
+        w = np.linalg.lstsq(a[inliers], y[inliers], rcond=None)[0]
+    lim = 1 << (WEIGHT_BITS - 1)
+    return [int(min(max(round(x * (1 << WEIGHT_FRAC)), -lim), lim - 1)) for x in w]
+
+
+def activity(nb: dict[str, np.ndarray]) -> np.ndarray:
+    """Context 0 .. CONTEXTS - 1 of each pixel."""
+    a = np.abs(nb["N"] - nb["NW"]) + np.abs(nb["W"] - nb["NW"]) + np.abs(nb["NE"] - nb["N"])
+    return np.minimum(_bit_length(a), CONTEXTS - 1)
+
+
+def counts(theta: int, bits: int) -> np.ndarray:
+    """[2**(bits + 1) - 1] float64 counts of the residual lo - p_lo = -(2**bits - 1) .. 2**bits - 1:
+    G0 * (theta / 2**16)**|r| by integer steps, plus FLOOR (integers, exact in float64)."""
+    k = 1 << bits
+    g = np.empty(k, dtype=np.int64)
+    g[0] = G0
+    for r in range(1, k):
+        g[r] = (int(g[r - 1]) * int(theta)) >> THETA_BITS
+    g += FLOOR
+    return np.concatenate([g[:0:-1], g]).astype(np.float64)
+
+
+def fit_theta(mean_abs: float) -> int:
+    """The 16-bit theta whose two-sided geometric has this mean |r| (encoder only: stored)."""
+    if mean_abs <= 0:
+        return 0
+    t = (np.sqrt(1.0 + mean_abs * mean_abs) - 1.0) / mean_abs
+    return int(min(max(round(t * (1 << THETA_BITS)), 0), (1 << THETA_BITS) - 1))
+
+
+THETA_GRID = sorted({0, (1 << THETA_BITS) - 1} | {fit_theta(2.0 ** (j / 4)) for j in range(-24, 48)})
+
+
+def best_theta(pairs: np.ndarray, bits: int) -> int:
+    """The theta of THETA_GRID that codes a context's pixels in the fewest bits, windows and all:
+    pairs [2**bits, 2**bits] counts of (p_lo, lo) (encoder only: the choice is stored)."""
+    k = 1 << bits
+    idx = np.arange(k)[None, :] - np.arange(k)[:, None] + k - 1  # [p, lo] -> residual column
+    used = pairs > 0
+    best, best_bits = 0, np.inf
+    for t in THETA_GRID:
+        g = counts(t, bits)[idx]
+        cost = -(pairs[used] * np.log2((g / g.sum(axis=1, keepdims=True))[used])).sum()
+        if cost < best_bits:
+            best, best_bits = t, cost
+    return best
+
+
+def _approx_bits(r: np.ndarray, ctx: np.ndarray) -> float:
+    """Encoder's estimate of a predictor's cost: the fitted geometric's -log2 p, untruncated."""
+    a = np.abs(r).astype(np.float64)
+    tot = np.bincount(ctx, weights=a, minlength=CONTEXTS)
+    num = np.bincount(ctx, minlength=CONTEXTS)
+    bits = 0.0
+    for k in np.nonzero(num)[0]:
+        t = fit_theta(tot[k] / num[k]) / (1 << THETA_BITS)
+        t = min(max(t, 1e-9), 1 - 1e-9)
+        bits += num[k] * -np.log2((1 - t) / (1 + t)) - tot[k] * np.log2(t)
+    return bits
+
+
+class _Channel:
+    """One channel's parameters: a constant value, or its predictor (with its weights, for "linear")
+    and each context's theta (None where no pixel has that context)."""
+
+    def __init__(self, const: int | None = None, pred: int = 0, weights: list | None = None,
+                 thetas: list | None = None):
+        self.const, self.pred, self.weights = const, pred, weights or []
+        self.thetas = thetas or [None] * CONTEXTS
+
+    def predict(self, nb: dict[str, np.ndarray]) -> np.ndarray:
+        return med(nb) if PREDICTORS[self.pred] == "med" else linear(nb, self.weights)
+
+    def push(self, m: Message, bits: int) -> float:
+        """Onto the stack in the reverse of pop's order; returns the bits."""
+        b = 1.0
+        if self.const is not None:
+            uniform(1 << bits, ()).push(m, np.int64(self.const))
+            b += bits
+        else:
+            for t in reversed(self.thetas):
+                if t is not None:
+                    _THETA.push(m, np.int64(t))
+                    b += THETA_BITS
+                _FLAG.push(m, np.int64(t is not None))
+                b += 1
+            if PREDICTORS[self.pred] == "linear":
+                _weights(len(self.weights)).push(m, np.asarray(self.weights, dtype=np.int64) + (1 << (WEIGHT_BITS - 1)))
+                b += WEIGHT_BITS * len(self.weights)
+            _PRED.push(m, np.int64(self.pred))
+            b += np.log2(len(PREDICTORS))
+        _FLAG.push(m, np.int64(self.const is not None))
+        return b
+
+    @classmethod
+    def pop(cls, m: Message, bits: int, c: int) -> "_Channel":
+        """Channel c's parameters."""
+        if int(_FLAG.pop(m)):
+            return cls(const=int(uniform(1 << bits, ()).pop(m)))
+        pred = int(_PRED.pop(m))
+        weights = None
+        if PREDICTORS[pred] == "linear":
+            weights = (_weights(n_features(c)).pop(m) - (1 << (WEIGHT_BITS - 1))).tolist()
+        thetas = [int(_THETA.pop(m)) if int(_FLAG.pop(m)) else None for _ in range(CONTEXTS)]
+        return cls(pred=pred, weights=weights, thetas=thetas)
+
+
+def _tables(chans: list[_Channel], bits: int) -> np.ndarray:
+    """[C * CONTEXTS, 2**bits, 2**bits] windows: row (c, k, s) holds the counts of lo = 0 .. 2**bits - 1
+    when p_lo = 2**bits - 1 - s (a live view of [C * CONTEXTS, 2**(bits + 1) - 1] counts)."""
+    flat = np.ones((1 << (bits + 1)) - 1)
+    rows = [counts(t, bits) if t is not None else flat for ch in chans for t in ch.thetas]
+    return sliding_window_view(np.stack(rows), 1 << bits, axis=1)
+
+
+def _order(h: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ys, xs, starts): the pixels in wavefront order (t, then y) and where each wavefront starts."""
+    ys, xs = np.divmod(np.arange(h * w), w)
+    t = xs + 2 * ys
+    o = np.lexsort((ys, t))
+    starts = np.searchsorted(t[o], np.arange(w + 2 * h - 1))
+    return ys[o], xs[o], np.append(starts, h * w)
+
+
+def _fit(plane: np.ndarray, nb: dict[str, np.ndarray], target: np.ndarray, base: np.ndarray,
+         bits: int) -> tuple[_Channel, np.ndarray, np.ndarray]:
+    """Encoder: a channel's parameters (the cheaper predictor, each context's best theta), p_lo, context."""
+    ctx = activity(nb)
+    top = (1 << bits) - 1
+    options = []
+    for k, name in enumerate(PREDICTORS):
+        ch = _Channel(pred=k, weights=fit_weights(nb, target) if name == "linear" else None)
+        p_lo = np.clip(ch.predict(nb) - base, 0, top)
+        options.append((_approx_bits(plane - p_lo, ctx) + WEIGHT_BITS * len(ch.weights), k, ch, p_lo))
+    _, _, ch, p_lo = min(options, key=lambda o: o[:2])
+    k2 = 1 << (2 * bits)
+    pairs = np.bincount(ctx * k2 + (p_lo << bits) + plane, minlength=CONTEXTS * k2)
+    pairs = pairs.reshape(CONTEXTS, top + 1, top + 1)
+    ch.thetas = [best_theta(pairs[k], bits) if pairs[k].any() else None for k in range(CONTEXTS)]
+    return ch, p_lo, ctx
+
+
+def push(m: Message, hi: np.ndarray, lo: np.ndarray, bits: int) -> float:
+    """Push lo (uint8 [C, H, W], values < 2**bits) given hi; returns the predicted bits."""
+    c_, h, w = _check(hi, bits)
+    if lo.shape != hi.shape or lo.dtype != np.uint8 or int(lo.max()) >> bits:
+        raise ValueError(f"deep codec: expected uint8 low bits < 2**{bits} of shape {hi.shape}")
+    cen = _centres(hi, bits)
+    full = (hi.astype(np.int64) << bits) | lo
+    ys, xs = np.divmod(np.arange(h * w), w)
+    where = _at(ys, xs, h, w)
+    const = [bool((lo[c] == lo[c].flat[0]).all()) for c in range(c_)]
+
+    def seen(j: int, q: tuple[np.ndarray, np.ndarray], c: int) -> np.ndarray:
+        """Channel j at q as the decoder has it when it decodes channel c at each pixel: true values in
+        earlier wavefronts, in this one for earlier channels, and constant planes; bin centres elsewhere."""
+        tq, tp = q[1] + 2 * q[0], xs + 2 * ys
+        known = (tq < tp) | ((tq == tp) & (j < c)) | const[j]
+        return np.where(known, full[j][q], cen[j][q])
+
+    chans, sel = [], []
+    for c in range(c_):
+        plane = lo[c].reshape(-1).astype(np.int64)
+        if const[c]:
+            chans.append(_Channel(const=int(plane[0])))
+            continue
+        nb = {k: seen(c, q, c) for k, q in where.items()}
+        for d in range(1, min(c, CROSS) + 1):
+            nb.update({f"X{d}": seen(c - d, where["C"], c), f"C{d}": cen[c - d][where["C"]],
+                       f"N{d}": seen(c - d, where["N"], c), f"W{d}": seen(c - d, where["W"], c)})
+        base = hi[c].reshape(-1).astype(np.int64) << bits
+        ch, p_lo, ctx = _fit(plane, nb, base + plane, base, bits)
+        chans.append(ch)
+        sel.append((c, p_lo, ctx))
+    total = 0.0
+    if sel:
+        tab = _tables(chans, bits)
+        oy, ox, _ = _order(h, w)
+        pix = oy * w + ox
+        # the decoder's order: wavefront, then channel, then row
+        o = np.lexsort((np.tile(oy, len(sel)), np.repeat([c for c, _, _ in sel], h * w), np.tile(ox + 2 * oy, len(sel))))
+        x = np.concatenate([lo[c].reshape(-1)[pix] for c, _, _ in sel]).astype(np.int64)[o]
+        row = np.concatenate([c * CONTEXTS + k[pix] for c, _, k in sel])[o]
+        start = np.concatenate([(1 << bits) - 1 - p[pix] for _, p, _ in sel])[o]
+        for a in reversed(range(0, len(x), CHUNK)):
+            probs = tab[row[a:a + CHUNK], start[a:a + CHUNK]]
+            total += float(categorical_bits(x[a:a + CHUNK], probs).sum())
+            categorical(probs).push(m, x[a:a + CHUNK])
+    for ch in reversed(chans):
+        total += ch.push(m, bits)
+    return total
+
+
+def pop(m: Message, hi: np.ndarray, bits: int) -> np.ndarray:
+    """The low bits (uint8 [C, H, W]) that push put on the stack, given the same hi and bits. Garbage
+    words give some values, never an exception (the caller's pixel CRC catches it)."""
+    c_, h, w = _check(hi, bits)
+    chans = [_Channel.pop(m, bits, c) for c in range(c_)]
+    lo = np.empty((c_, h, w), dtype=np.uint8)
+    cen = _centres(hi, bits)
+    v = cen.copy()  # the decoder's picture: bin centres, true values as they are decoded
+    for c, ch in enumerate(chans):
+        if ch.const is not None:
+            lo[c] = ch.const
+            v[c] = (hi[c].astype(np.int64) << bits) + ch.const
+    coded = [c for c, ch in enumerate(chans) if ch.const is None]
+    if not coded:
+        return lo
+    tab = _tables(chans, bits)
+    oy, ox, starts = _order(h, w)
+    top = (1 << bits) - 1
+    for i in range(len(starts) - 1):
+        ys, xs = oy[starts[i]:starts[i + 1]], ox[starts[i]:starts[i + 1]]
+        where = _at(ys, xs, h, w)
+        for c in coded:  # in order: a channel sees the ones before it at this pixel
+            nb = {k: v[c][q] for k, q in where.items()}
+            for d in range(1, min(c, CROSS) + 1):
+                nb.update({f"X{d}": v[c - d][where["C"]], f"C{d}": cen[c - d][where["C"]],
+                           f"N{d}": v[c - d][where["N"]], f"W{d}": v[c - d][where["W"]]})
+            base = hi[c, ys, xs].astype(np.int64) << bits
+            p_lo = np.clip(chans[c].predict(nb) - base, 0, top)
+            x = categorical(tab[c * CONTEXTS + activity(nb), top - p_lo]).pop(m)
+            lo[c, ys, xs] = x
+            v[c, ys, xs] = base + x
+    return lo

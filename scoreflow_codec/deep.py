@@ -1,0 +1,259 @@
+"""16-bit images: their samples as an 8-bit image plus low bits, 48/64-bit PNGs read and written.
+
+The codec's model and seed codec code 8-bit planes. A 16-bit image (`images.SourceImage` of mode
+"L;16", "LA;16", "RGB;16" or "RGBA;16") is coded as the 8-bit image of its samples' high bits plus
+the low bits (coding/deep_codec.py, given the high bits), after the reductions that make its
+samples as few bits as they really are (`split`, its description the header's meta["deep"]):
+
+* {"x257": 1}: every sample is a multiple of 257, as when an 8-bit image is widened (v * 257, what
+  Pillow, ImageMagick and Photoshop do): the 8-bit image v // 257 alone, no low bits.
+* {"shift": s, "table": k, "low": b}: samples >> s (s: the zero bits at the bottom of every
+  sample, as 12-bit data stored shifted up); then, where there are k distinct values with fewer bits
+  than the range they span (12-bit data scaled to 16 bits, v * 65535 // 4095), their ranks in the
+  sorted table of those k values (which the low-bit section holds), where the bits the ranks save
+  (per sample, the range's bits minus the ranks') outweigh the table's; the result w has 8 + b bits:
+  w >> b is the 8-bit image, w & (2**b - 1) the low bits (b = 0: none).
+
+Pillow reads a 16-bit grey PNG or TIFF ("I;16") whole, but hands over a 48/64-bit colour PNG as
+8-bit RGB / RGBA, keeping the high bytes; `read_png` has Pillow's decoder unpack the same rows
+twice, the high bytes and then the low ones (its unfiltering and Adam7 are the same either way).
+`encode_png` writes a 16-bit PNG: the chunks Pillow writes for the metadata (metadata.save_options)
+around our own 16-bit IHDR and IDAT.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+from PIL import Image
+
+from . import metadata as md
+from .coding import deep_codec
+from .coding.ans import Message
+from .coding.distributions import uniform
+from .errors import BadFileError
+
+MODES = {"L;16": 1, "LA;16": 2, "RGB;16": 3, "RGBA;16": 4}  # 16-bit modes and their channels
+BASE_MODE = {"L;16": "L", "LA;16": "LA", "RGB;16": "RGB", "RGBA;16": "RGBA"}
+_PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}
+# the PNG raw modes Pillow hands over as 8-bit, and (Pillow mode, raw mode) that unpack the low bytes
+_LOW_RAWMODE = {"RGB;16B": ("RGB", "RGB;16L"), "RGBA;16B": ("RGBA", "RGBA;16L"), "LA;16B": ("RGBA", "RGBA")}
+
+
+def _bit_length(v: int) -> int:
+    return int(v).bit_length()
+
+
+def split(u: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict]:
+    """uint16 [C, H, W] -> (high bits uint8 [C, H, W], low bits uint8 [C, H, W] or None, table uint16
+    [k] or None, meta["deep"]); `join` is its inverse."""
+    if u.dtype != np.uint16 or u.ndim != 3:
+        raise ValueError(f"expected uint16 [C, H, W], got {u.dtype} {u.shape}")
+    if not (u % 257).any():
+        return (u // 257).astype(np.uint8), None, None, {"x257": 1}
+    ored = int(np.bitwise_or.reduce(u, axis=None))
+    shift = (ored & -ored).bit_length() - 1
+    v = u >> shift
+    span = _bit_length(int(v.max()))
+    table = None
+    values = np.unique(v)
+    fewer = span - _bit_length(len(values) - 1)  # bits a sample saves by its rank
+    gap_bits = _bit_length(int(np.diff(values, prepend=0).max()))  # what push_table spends on each value
+    if fewer > 0 and len(values) * gap_bits < fewer * u.size:
+        table = values.astype(np.uint16)
+        v = np.searchsorted(values, v)
+        span = _bit_length(len(values) - 1)
+    low = max(span - 8, 0)
+    hi = (v >> low).astype(np.uint8)
+    lo = (v & ((1 << low) - 1)).astype(np.uint8) if low else None
+    return hi, lo, table, {"shift": shift, "table": 0 if table is None else len(table), "low": low}
+
+
+def join(hi: np.ndarray, lo: np.ndarray | None, table: np.ndarray | None, deep: dict) -> np.ndarray:
+    """split's inverse: uint16 [C, H, W]. Raises BadFileError where decoded values leave 16 bits or the
+    table (only a damaged file's)."""
+    if deep.get("x257"):
+        return hi.astype(np.uint16) * np.uint16(257)
+    low = deep["low"]
+    w = hi.astype(np.int64) << low
+    if low:
+        w |= lo
+    if table is not None:
+        if int(w.max()) >= len(table):
+            raise BadFileError("corrupt .sfc file: a 16-bit image's value is beyond its table")
+        w = table.astype(np.int64)[w]
+    u = w << deep["shift"]
+    if int(u.max()) > 0xFFFF:
+        raise BadFileError("corrupt .sfc file: a 16-bit image's value is beyond 16 bits")
+    return u.astype(np.uint16)
+
+
+def check(deep, channels: int) -> None:
+    """BadFileError unless `deep` is a header's valid meta["deep"] for an image of `channels`."""
+    ok = isinstance(deep, dict)
+    if ok and "x257" in deep:
+        ok = deep == {"x257": 1}
+    elif ok:
+        ok = set(deep) == {"shift", "table", "low"} and all(type(v) is int for v in deep.values())
+        if ok:
+            s, k, b = deep["shift"], deep["table"], deep["low"]
+            # low bits: 8 + b bits after the shift; a table: at most 2**(8 + b) values within 16 - s bits
+            ok = 0 <= s <= 15 and 0 <= b <= 8 and (b == 0 or s + b + 8 <= 16) and \
+                (k == 0 or 1 <= k <= 1 << min(b + 8, 16 - s))
+    if not ok:
+        raise BadFileError(f"corrupt .sfc file: bad 16-bit description {deep!r}")
+
+
+def describe(deep: dict) -> str:
+    """One line for `sfcodec info`: how a (checked) meta["deep"] makes the 16-bit samples."""
+    if deep.get("x257"):
+        return "an 8-bit image widened (every sample v * 257): no low bits"
+    parts = [f"samples shifted up {deep['shift']} bits"] if deep["shift"] else []
+    if deep["table"]:
+        parts.append(f"{deep['table']} distinct values (a table)")
+    parts.append(f"{deep['low']} low bits beside the 8-bit image" if deep["low"] else "no low bits")
+    return ", ".join(parts)
+
+
+# ---- the low-bit section's table of values -------------------------------------------------------
+
+
+def push_table(m, table: np.ndarray) -> float:
+    """The sorted distinct values (uint16 [k], k given by the header) onto an ANS stack: the gaps
+    between them, each in as many bits as the largest needs. Returns the bits."""
+    gaps = np.diff(table.astype(np.int64), prepend=0)  # the first "gap" is the first value, >= 0
+    nbits = max(_bit_length(int(gaps.max())), 1)
+    uniform(1 << nbits, (len(gaps),)).push(m, gaps)
+    uniform(17, ()).push(m, np.int64(nbits))
+    return float(np.log2(17) + nbits * len(gaps))
+
+
+def pop_table(m, k: int, shift: int) -> np.ndarray:
+    """push_table's table; BadFileError where it is not strictly increasing within 16 - shift bits."""
+    nbits = int(uniform(17, ()).pop(m))
+    if nbits < 1:
+        raise BadFileError("corrupt .sfc file: bad 16-bit value table")
+    values = np.cumsum(uniform(1 << nbits, (k,)).pop(m))
+    if (len(values) > 1 and (np.diff(values) <= 0).any()) or int(values[-1]) >> (16 - shift):
+        raise BadFileError("corrupt .sfc file: bad 16-bit value table")
+    return values.astype(np.uint16)
+
+
+# ---- the low-bit section: each image's table and low bits ----------------------------------------
+
+
+def push_image(m: Message, hi: np.ndarray, lo: np.ndarray | None, table: np.ndarray | None, deep: dict) -> float:
+    """One image's share of the low-bit section onto an ANS stack (hi: every channel's high bits,
+    uint8 [C, H, W]); pop_image's inverse. Returns the predicted bits."""
+    bits = deep_codec.push(m, hi, lo, deep["low"]) if deep.get("low") else 0.0
+    return bits + (push_table(m, table) if deep.get("table") else 0.0)
+
+
+def pop_image(m: Message, hi: np.ndarray, deep: dict) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(low bits, table) of one image, as push_image pushed them."""
+    table = pop_table(m, deep["table"], deep["shift"]) if deep.get("table") else None
+    lo = deep_codec.pop(m, hi, deep["low"]) if deep.get("low") else None
+    return lo, table
+
+
+# ---- PNG ---------------------------------------------------------------------------------------
+
+
+def wide_png(img: Image.Image) -> str | None:
+    """The raw mode of a 48/64-bit PNG (or 32-bit grey + alpha) that Pillow hands over as 8-bit, else None."""
+    if img.format != "PNG":
+        return None
+    for tile in getattr(img, "tile", None) or []:
+        args = tile[3] if len(tile) > 3 else None
+        raw = args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else ""
+        if raw in _LOW_RAWMODE:
+            return raw
+    return None
+
+
+def _unpack(path, mode: str, rawmode: str) -> np.ndarray:
+    with Image.open(path) as img:
+        tile = img.tile[0]
+        args = tile.args
+        img.tile = [tile._replace(args=(rawmode,) + tuple(args[1:]) if isinstance(args, tuple) else rawmode)]
+        if img.mode != mode:
+            img._mode = mode
+        img.load()
+        return np.asarray(img)
+
+
+def read_png(path, rawmode: str) -> tuple[np.ndarray, str]:
+    """(uint16 [H, W, C], mode) of a 16-bit colour or grey + alpha PNG (wide_png's raw mode)."""
+    hi = _unpack(path, "RGBA" if rawmode != "RGB;16B" else "RGB", rawmode)
+    low_mode, low_raw = _LOW_RAWMODE[rawmode]
+    lo = _unpack(path, low_mode, low_raw)
+    if rawmode == "LA;16B":  # Pillow gives grey + alpha as RGBA (L, L, L, A): the bytes L_hi, L_lo, A_hi, A_lo
+        return (lo[..., 0::2].astype(np.uint16) << 8) | lo[..., 1::2], "LA;16"
+    return (hi.astype(np.uint16) << 8) | lo, {"RGB;16B": "RGB;16", "RGBA;16B": "RGBA;16"}[rawmode]
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _chunks(png: bytes) -> list[tuple[bytes, bytes]]:
+    out, pos = [], 8
+    while pos < len(png):
+        (n,) = struct.unpack_from(">I", png, pos)
+        out.append((png[pos + 4:pos + 8], png[pos + 8:pos + 8 + n]))
+        pos += 12 + n
+    return out
+
+
+def _filtered(rows: np.ndarray, bpp: int) -> bytes:
+    """PNG scanlines: each row with the filter (None, Sub, Up, Average, Paeth) of the smallest sum of
+    absolute values (libpng's heuristic); rows [H, stride] uint8."""
+    x = rows.astype(np.int16)
+    a = np.zeros_like(x)
+    a[:, bpp:] = x[:, :-bpp]
+    b = np.zeros_like(x)
+    b[1:] = x[:-1]
+    c = np.zeros_like(x)
+    c[1:, bpp:] = x[:-1, :-bpp]
+    p = a + b - c
+    pa, pb, pc = np.abs(p - a), np.abs(p - b), np.abs(p - c)
+    paeth = np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
+    cands = np.stack([x, x - a, x - b, x - ((a + b) >> 1), x - paeth]) & 0xFF
+    score = np.where(cands < 128, cands, 256 - cands).sum(axis=2)  # [5, H]
+    best = score.argmin(axis=0)
+    lines = cands[best, np.arange(len(x))].astype(np.uint8)
+    return np.concatenate([best.astype(np.uint8)[:, None], lines], axis=1).tobytes()
+
+
+def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> bytes:
+    """A 16-bit PNG of uint16 [H, W, C] (mode in MODES) with as much of `metadata` as a PNG holds
+    (all of it): the chunks Pillow writes for it, our IHDR and IDAT."""
+    h, w = arr.shape[:2]
+    c = MODES[mode]
+    if arr.dtype != np.uint16 or arr.shape != (h, w, c):
+        raise ValueError(f"expected uint16 [H, W, {c}], got {arr.dtype} {arr.shape}")
+    buf = io.BytesIO()
+    Image.new(BASE_MODE[mode], (1, 1)).save(buf, format="PNG", **md.save_options(metadata or {}, "PNG")[0])
+    rows = np.ascontiguousarray(arr, dtype=">u2").view(np.uint8).reshape(h, w * c * 2)
+    idat = zlib.compress(_filtered(rows, 2 * c), 9)
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, _PNG_COLOR_TYPE[c], 0, 0, 0)
+    out = [b"\x89PNG\r\n\x1a\n"]
+    for kind, data in _chunks(buf.getvalue()):
+        if kind == b"IHDR":
+            out.append(_chunk(b"IHDR", ihdr))
+        elif kind == b"IDAT":
+            if idat is not None:
+                out.append(_chunk(b"IDAT", idat))
+                idat = None
+        else:
+            out.append(_chunk(kind, data))
+    return b"".join(out)
+
+
+def from_pil_i16(img: Image.Image) -> np.ndarray | None:
+    """uint16 [H, W, 1] of a 16-bit grey Pillow image ("I;16", "I;16B", "I;16L"), else None."""
+    if img.mode not in ("I;16", "I;16B", "I;16L", "I;16N"):
+        return None
+    return np.asarray(img).astype(np.uint16)[:, :, None]
