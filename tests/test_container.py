@@ -233,8 +233,8 @@ def test_each_error_says_what_is_wrong():
     assert "trailing" in _msg(_rebuild(header=_deflate(b"{}") + b"x", raw=True))
     assert "inflates beyond" in _msg(_rebuild(header=b'{"a":"' + b"a" * (MAX_HEADER_BYTES + 10) + b'"}'))
     with pytest.raises(UnsupportedVersionError) as e:
-        unpack(_rebuild(version=6))
-    assert str(e.value) == "format version 6 not supported by this release (reads versions 1 to 5)"
+        unpack(_rebuild(version=7))
+    assert str(e.value) == "format version 7 not supported by this release (reads versions 1 to 6)"
     with pytest.raises(UnsupportedVersionError):
         peek_header(_rebuild(version=0))
     # a header deflated with one version's dictionary, labelled (CRC and all) as the other version

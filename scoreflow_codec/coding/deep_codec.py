@@ -62,8 +62,8 @@ def _check(hi: np.ndarray, bits: int) -> tuple[int, int, int]:
 
 
 def _centres(hi: np.ndarray, bits: int) -> np.ndarray:
-    """[C, H, W] int64: each sample's bin centre."""
-    return (hi.astype(np.int64) << bits) + (1 << (bits - 1))
+    """[C, H, W] int32: each sample's bin centre (samples have at most 16 bits)."""
+    return (hi.astype(np.int32) << bits) + (1 << (bits - 1))
 
 
 def _at(ys: np.ndarray, xs: np.ndarray, h: int, w: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -110,10 +110,9 @@ def linear(nb: dict[str, np.ndarray], weights) -> np.ndarray:
 
 def fit_weights(nb: dict[str, np.ndarray], target: np.ndarray) -> list[int]:
     """Least-squares weights of features() for target (about C, as `linear`), in WEIGHT_BITS-bit fixed
-    point (encoder only: stored). At most FIT_PIXELS pixels, evenly spaced."""
-    step = max(1, target.size // FIT_PIXELS)
-    a = np.stack([f[::step] for f in features(nb)], axis=1).astype(np.float64)
-    y = (target[::step] - nb["C"][::step]).astype(np.float64)
+    point (encoder only: stored)."""
+    a = np.stack(features(nb), axis=1).astype(np.float64)
+    y = (target - nb["C"]).astype(np.float64)
     w = np.linalg.lstsq(a, y, rcond=None)[0]
     err = np.abs(y - a @ w)
     inliers = err <= OUTLIER * max(float(np.median(err)), 1.0)  # edges, wrapped values: fitted again without
@@ -167,11 +166,9 @@ def best_theta(pairs: np.ndarray, bits: int) -> int:
     return best
 
 
-def _approx_bits(r: np.ndarray, ctx: np.ndarray) -> float:
-    """Encoder's estimate of a predictor's cost: the fitted geometric's -log2 p, untruncated."""
-    a = np.abs(r).astype(np.float64)
-    tot = np.bincount(ctx, weights=a, minlength=CONTEXTS)
-    num = np.bincount(ctx, minlength=CONTEXTS)
+def _approx_bits(tot: np.ndarray, num: np.ndarray) -> float:
+    """Encoder's estimate of a predictor's cost from each context's sum of |residual| and count: the
+    fitted geometric's -log2 p, untruncated."""
     bits = 0.0
     for k in np.nonzero(num)[0]:
         t = fit_theta(tot[k] / num[k]) / (1 << THETA_BITS)
@@ -234,31 +231,70 @@ def _tables(chans: list[_Channel], bits: int) -> np.ndarray:
     return sliding_window_view(np.stack(rows), 1 << bits, axis=1)
 
 
-def _order(h: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ys, xs, starts): the pixels in wavefront order (t, then y) and where each wavefront starts."""
-    ys, xs = np.divmod(np.arange(h * w), w)
-    t = xs + 2 * ys
-    o = np.lexsort((ys, t))
-    starts = np.searchsorted(t[o], np.arange(w + 2 * h - 1))
-    return ys[o], xs[o], np.append(starts, h * w)
+def _wavefronts(h: int, w: int):
+    """(ys, xs) of each wavefront t = x + 2y in turn, rows in increasing order: the decoding order."""
+    for t in range(w + 2 * h - 1):
+        ys = np.arange(max(0, -(-(t - w + 1) // 2)), min(h - 1, t // 2) + 1)
+        yield ys, t - 2 * ys
 
 
-def _fit(plane: np.ndarray, nb: dict[str, np.ndarray], target: np.ndarray, base: np.ndarray,
-         bits: int) -> tuple[_Channel, np.ndarray, np.ndarray]:
-    """Encoder: a channel's parameters (the cheaper predictor, each context's best theta), p_lo, context."""
-    ctx = activity(nb)
-    top = (1 << bits) - 1
-    options = []
-    for k, name in enumerate(PREDICTORS):
-        ch = _Channel(pred=k, weights=fit_weights(nb, target) if name == "linear" else None)
-        p_lo = np.clip(ch.predict(nb) - base, 0, top)
-        options.append((_approx_bits(plane - p_lo, ctx) + WEIGHT_BITS * len(ch.weights), k, ch, p_lo))
-    _, _, ch, p_lo = min(options, key=lambda o: o[:2])
-    k2 = 1 << (2 * bits)
-    pairs = np.bincount(ctx * k2 + (p_lo << bits) + plane, minlength=CONTEXTS * k2)
+class _Picture:
+    """Encoder: the samples as the decoder has them when it decodes each one (bin centres where it has
+    not decoded them yet), for any set of pixels."""
+
+    def __init__(self, hi: np.ndarray, lo: np.ndarray, bits: int):
+        self.cen = _centres(hi, bits)
+        self.full = (hi.astype(np.int32) << bits) | lo
+        self.const = [bool((lo[c] == lo[c].flat[0]).all()) for c in range(len(lo))]
+        self.h, self.w = hi.shape[1:]
+
+    def seen(self, j: int, q: tuple[np.ndarray, np.ndarray], c: int, tp: np.ndarray) -> np.ndarray:
+        """Channel j at q when channel c is decoded at pixels of wavefronts tp: true values in earlier
+        wavefronts, in this one for earlier channels, and constant planes; bin centres elsewhere."""
+        tq = q[1] + 2 * q[0]
+        known = (tq < tp) | ((tq == tp) & (j < c)) | self.const[j]
+        return np.where(known, self.full[j][q], self.cen[j][q])
+
+    def neighbours(self, c: int, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """What the decoder's `nb` holds for channel c at the pixels idx (flat indices)."""
+        ys, xs = np.divmod(idx, self.w)
+        where, tp = _at(ys, xs, self.h, self.w), xs + 2 * ys
+        nb = {k: self.seen(c, q, c, tp) for k, q in where.items()}
+        for d in range(1, min(c, CROSS) + 1):
+            nb.update({f"X{d}": self.seen(c - d, where["C"], c, tp), f"C{d}": self.cen[c - d][where["C"]],
+                       f"N{d}": self.seen(c - d, where["N"], c, tp), f"W{d}": self.seen(c - d, where["W"], c, tp)})
+        return nb
+
+
+def _fit(pic: _Picture, c: int, bits: int) -> tuple[_Channel, np.ndarray, np.ndarray]:
+    """Encoder: channel c's parameters (the cheaper predictor, each context's best theta) and each
+    pixel's p_lo and context, computed CHUNK pixels at a time."""
+    n, top = pic.h * pic.w, (1 << bits) - 1
+    sample = np.arange(0, n, max(1, n // FIT_PIXELS))
+    options = [_Channel(pred=k, weights=fit_weights(pic.neighbours(c, sample), pic.full[c].flat[sample])
+                        if name == "linear" else None) for k, name in enumerate(PREDICTORS)]
+    p_lo = np.empty((len(options), n), np.int16)
+    ctx = np.empty(n, np.uint8)
+    tot = np.zeros((len(options), CONTEXTS))
+    lo = pic.full[c].reshape(-1) & top
+    base = pic.full[c].reshape(-1) - lo
+    for a in range(0, n, CHUNK):
+        idx = np.arange(a, min(a + CHUNK, n))
+        nb = pic.neighbours(c, idx)
+        ctx[idx] = activity(nb)
+        for k, ch in enumerate(options):
+            p_lo[k, idx] = np.clip(ch.predict(nb) - base[idx], 0, top)
+            tot[k] += np.bincount(ctx[idx], weights=np.abs(lo[idx] - p_lo[k, idx]), minlength=CONTEXTS)
+    num = np.bincount(ctx, minlength=CONTEXTS)
+    best = min(range(len(options)), key=lambda k: (_approx_bits(tot[k], num) + WEIGHT_BITS * len(options[k].weights), k))
+    ch, p = options[best], p_lo[best]
+    pairs = np.zeros(CONTEXTS * (top + 1) ** 2, np.int64)
+    for a in range(0, n, CHUNK):
+        pairs += np.bincount((ctx[a:a + CHUNK].astype(np.int64) * (top + 1) + p[a:a + CHUNK]) * (top + 1)
+                             + lo[a:a + CHUNK], minlength=len(pairs))
     pairs = pairs.reshape(CONTEXTS, top + 1, top + 1)
     ch.thetas = [best_theta(pairs[k], bits) if pairs[k].any() else None for k in range(CONTEXTS)]
-    return ch, p_lo, ctx
+    return ch, p.reshape(pic.h, pic.w), ctx.reshape(pic.h, pic.w)
 
 
 def push(m: Message, hi: np.ndarray, lo: np.ndarray, bits: int) -> float:
@@ -266,47 +302,28 @@ def push(m: Message, hi: np.ndarray, lo: np.ndarray, bits: int) -> float:
     c_, h, w = _check(hi, bits)
     if lo.shape != hi.shape or lo.dtype != np.uint8 or int(lo.max()) >> bits:
         raise ValueError(f"deep codec: expected uint8 low bits < 2**{bits} of shape {hi.shape}")
-    cen = _centres(hi, bits)
-    full = (hi.astype(np.int64) << bits) | lo
-    ys, xs = np.divmod(np.arange(h * w), w)
-    where = _at(ys, xs, h, w)
-    const = [bool((lo[c] == lo[c].flat[0]).all()) for c in range(c_)]
-
-    def seen(j: int, q: tuple[np.ndarray, np.ndarray], c: int) -> np.ndarray:
-        """Channel j at q as the decoder has it when it decodes channel c at each pixel: true values in
-        earlier wavefronts, in this one for earlier channels, and constant planes; bin centres elsewhere."""
-        tq, tp = q[1] + 2 * q[0], xs + 2 * ys
-        known = (tq < tp) | ((tq == tp) & (j < c)) | const[j]
-        return np.where(known, full[j][q], cen[j][q])
-
-    chans, sel = [], []
+    pic = _Picture(hi, lo, bits)
+    chans, fits = [], {}
     for c in range(c_):
-        plane = lo[c].reshape(-1).astype(np.int64)
-        if const[c]:
-            chans.append(_Channel(const=int(plane[0])))
-            continue
-        nb = {k: seen(c, q, c) for k, q in where.items()}
-        for d in range(1, min(c, CROSS) + 1):
-            nb.update({f"X{d}": seen(c - d, where["C"], c), f"C{d}": cen[c - d][where["C"]],
-                       f"N{d}": seen(c - d, where["N"], c), f"W{d}": seen(c - d, where["W"], c)})
-        base = hi[c].reshape(-1).astype(np.int64) << bits
-        ch, p_lo, ctx = _fit(plane, nb, base + plane, base, bits)
-        chans.append(ch)
-        sel.append((c, p_lo, ctx))
+        if pic.const[c]:
+            chans.append(_Channel(const=int(lo[c].flat[0])))
+        else:
+            ch, p_lo, ctx = _fit(pic, c, bits)
+            chans.append(ch)
+            fits[c] = (p_lo, ctx)
+    del pic
     total = 0.0
-    if sel:
+    if fits:
         tab = _tables(chans, bits)
-        oy, ox, _ = _order(h, w)
-        pix = oy * w + ox
-        # the decoder's order: wavefront, then channel, then row
-        o = np.lexsort((np.tile(oy, len(sel)), np.repeat([c for c, _, _ in sel], h * w), np.tile(ox + 2 * oy, len(sel))))
-        x = np.concatenate([lo[c].reshape(-1)[pix] for c, _, _ in sel]).astype(np.int64)[o]
-        row = np.concatenate([c * CONTEXTS + k[pix] for c, _, k in sel])[o]
-        start = np.concatenate([(1 << bits) - 1 - p[pix] for _, p, _ in sel])[o]
-        for a in reversed(range(0, len(x), CHUNK)):
-            probs = tab[row[a:a + CHUNK], start[a:a + CHUNK]]
-            total += float(categorical_bits(x[a:a + CHUNK], probs).sum())
-            categorical(probs).push(m, x[a:a + CHUNK])
+        top = (1 << bits) - 1
+        # the decoder pops wavefront after wavefront, channels in order: push in the reverse order
+        for ys, xs in reversed(list(_wavefronts(h, w))):
+            for c in reversed(list(fits)):
+                p_lo, ctx = fits[c]
+                x = lo[c, ys, xs].astype(np.int64)
+                probs = tab[c * CONTEXTS + ctx[ys, xs], top - p_lo[ys, xs]]
+                total += float(categorical_bits(x, probs).sum())
+                categorical(probs).push(m, x)
     for ch in reversed(chans):
         total += ch.push(m, bits)
     return total
@@ -323,15 +340,13 @@ def pop(m: Message, hi: np.ndarray, bits: int) -> np.ndarray:
     for c, ch in enumerate(chans):
         if ch.const is not None:
             lo[c] = ch.const
-            v[c] = (hi[c].astype(np.int64) << bits) + ch.const
+            v[c] = (hi[c].astype(np.int32) << bits) + ch.const
     coded = [c for c, ch in enumerate(chans) if ch.const is None]
     if not coded:
         return lo
     tab = _tables(chans, bits)
-    oy, ox, starts = _order(h, w)
     top = (1 << bits) - 1
-    for i in range(len(starts) - 1):
-        ys, xs = oy[starts[i]:starts[i + 1]], ox[starts[i]:starts[i + 1]]
+    for ys, xs in _wavefronts(h, w):
         where = _at(ys, xs, h, w)
         for c in coded:  # in order: a channel sees the ones before it at this pixel
             nb = {k: v[c][q] for k, q in where.items()}
