@@ -35,10 +35,10 @@ sys.path.insert(0, str(REPO))
 DATA = Path(os.environ.get("SFC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
-def make16(path: Path, scale: float, kind: str) -> np.ndarray:
-    """uint16 [H, W, 3]: the image resized by `scale` (Lanczos, float) and made 16-bit (`kind`)."""
+def make16(path: Path, scale: float, kind: str, size: tuple[int, int] | None = None) -> np.ndarray:
+    """uint16 [H, W, 3]: the image resized by `scale` (or to `size`; Lanczos, float) and made 16-bit (`kind`)."""
     img = Image.open(path).convert("RGB")
-    size = (round(img.width * scale), round(img.height * scale))
+    size = size or (round(img.width * scale), round(img.height * scale))
     planes = [np.asarray(ch.convert("F").resize(size, Image.LANCZOS), dtype=np.float64) for ch in img.split()]
     v = np.clip(np.stack(planes, -1) / 255.0, 0.0, 1.0)
     if kind == "twelve":

@@ -4,6 +4,7 @@
     python bench/large_image.py --size 512x384 --threads 1       # a quick check
     python bench/large_image.py --jobs 1                         # the seed codec's parts one after another
     python bench/large_image.py --image photo.png --model my.safetensors --mode ode --fallback off
+    python bench/large_image.py --bits 16                        # a 16-bit image (deep16.make16's "dense")
 
 The image is a Kodak photo resized (bicubic) to --size, or --image as given (cropped/resized to
 --size when given). The defaults are `sfcodec compress`'s: --model auto (the photo model above
@@ -65,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--jobs", type=int, default=None, help="processes for the seed codec's parts (default: sfcodec's)")
+    ap.add_argument("--bits", type=int, default=8, choices=[8, 16],
+                    help="16: the image resized in floating point and made 16-bit (bench/deep16.py's dense kind)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     from scoreflow_codec.threads import spin_briefly
@@ -81,7 +84,13 @@ def main(argv=None) -> int:
     from scoreflow_codec import api, images
 
     w, h = (int(v) for v in args.size.lower().split("x"))
-    arr = _load(args.image, (w, h), args.crop)
+    if args.bits == 16:
+        from bench.deep16 import make16
+
+        path = args.image or DATA / "kodak" / "kodim01.png"
+        arr = make16(path, 1.0, "dense", size=(w, h))
+    else:
+        arr = _load(args.image, (w, h), args.crop)
     src = images.from_array(arr)
     model = scoreflow_runner.load_model(args.model, args.device, [(w, h)])  # "auto": as sfcodec picks
     settings = {"steps": args.steps} if args.steps else None
@@ -100,14 +109,14 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         back = api.decompress(data, model, device=args.device, progress=bar.update, jobs=args.jobs)
         dec_s = time.perf_counter() - t1
-    identical = bool(np.array_equal(np.asarray(images.to_pil(back[0])), arr))
+    identical = bool(np.array_equal(images.to_array(back[0]), arr))
     print(json.dumps({
         "bench": "large_image", "width": w, "height": h, "mode": args.mode, "model": model.name,
         "steps": header["settings"].get("steps", api.FORMAT_DEFAULTS[args.mode]["steps"]),
         "threads": torch.get_num_threads(), "device": args.device, "tiles": header["fields"]["n_tiles"],
         "fallback": args.fallback, "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
         "model_skipped": rep.model_skipped,  # why the model's stream was not coded (api.CompressReport)
-        "file_bytes": len(data), "bpd": round(rep.bpd, 4), "encode_s": round(enc_s, 2), "decode_s": round(dec_s, 2),
+        "bits": args.bits, "low_bytes": rep.low_bytes, "file_bytes": len(data), "bpd": round(rep.bpd, 4), "encode_s": round(enc_s, 2), "decode_s": round(dec_s, 2),
         "peak_rss_mib_after_load": round(rss_start, 1), "peak_rss_mib_encode": round(rss_enc, 1),
         "peak_rss_mib": round(_peak_rss_mib(), 1), "identical": identical, "jobs": args.jobs,
         "parts": len(header["fields"].get("parts", [])) or 1,

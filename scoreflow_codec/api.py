@@ -361,7 +361,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
     if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     _check_arith(arith, None if seed_alone else device)
-    low, low_bits = low_section(sources)  # 16-bit images' low bits: their own section, whatever codes the rest
+    low, _ = low_section(sources)  # 16-bit images' low bits: their own section, whatever codes the rest
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
     if seed_alone:  # a seed-only file's header names no model and no setup (_pack)
         codec, head = stream.NO_MODEL, {"codec": __version__, "mode": mode}

@@ -344,6 +344,36 @@ def test_large_image_bench_follows_the_cli_defaults(tmp_path, capsys):
     assert (r["model"], r["seed_bytes"], r["model_bytes"], r["identical"]) == ("cifar10", None, r["file_bytes"], True)
 
 
+def test_deep16_bench(tmp_path, capsys):
+    """bench/deep16.py on a folder of 16-bit PNGs: each decoded identical, its size beside 16-bit PNG
+    and JPEG-XL, the Markdown table and JSON written; an 8-bit PNG in the folder is skipped with a
+    line; large_image.py --bits 16 codes a 16-bit image too."""
+    pytest.importorskip("imagecodecs", reason="bench/deep16.py compares with imagecodecs' PNG and JPEG-XL")
+    from bench.deep16 import main as deep16
+    from bench.large_image import main as large_image
+    from scoreflow_codec import images
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    yy, xx = np.mgrid[0:24, 0:40]
+    arr = np.stack([20000 + 300 * xx + 200 * yy * k for k in (1, 2, 3)], -1) + np.random.default_rng(0).integers(0, 400, (24, 40, 3))
+    (folder / "a.png").write_bytes(images.encode_source(images.from_array(arr.astype(np.uint16)), ".png"))
+    Image.fromarray(_image(3, 8, 8)).save(folder / "b.png")
+    assert deep16(["--folder", str(folder), "--fallback", "seed", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr()
+    r = json.loads((tmp_path / "out" / "deep16.json").read_text())
+    assert [row["image"] for row in r["rows"]] == ["a.png"] and "b.png is not a 16-bit image" in out.err
+    row = r["rows"][0]
+    assert row["identical"] and row["deep"] == {"shift": 0, "table": 0, "low": 8}
+    assert 0 < row["sfc_low_bpd"] < row["sfc_bpd"] and row["png_bpd"] > 0 and row["jxl_bpd"] > 0
+    assert "| a.png | 40x24 |" in (tmp_path / "out" / "deep16.md").read_text()
+    Image.fromarray(_image(3, 72, 80)).save(tmp_path / "c.png")
+    assert large_image(["--image", str(tmp_path / "c.png"), "--size", "80x72", "--threads", "1", "--no-progress",
+                        "--bits", "16", "--fallback", "seed"]) == 0
+    j = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert j["identical"] and j["bits"] == 16 and 0 < j["low_bytes"] < j["file_bytes"]
+
+
 def test_exact_forward(tmp_path, capsys):
     """bench/exact_forward.py: every 3x3 convolution of the model's exact forward timed both ways
     (the two results checked identical inside), the forward's parts adding up to its time, and
