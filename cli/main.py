@@ -242,7 +242,7 @@ JOBS_OPTION = click.option(
     "--jobs", type=click.IntRange(min=1), default=None,
     help="Processes for a seed codec file in parts (a photograph above 1024x1024, or several images above "
          "512x512 in all: each part alone, the same bytes whatever the count); compress also makes the seed "
-         "codec's analysis of an image of 256x256 or more in two processes (by default on Linux) unless this is 1. "
+         "codec's analysis of an image of 256x256 or more in two processes unless this is 1. "
          "Default: every usable core, as many as the available memory holds.")
 ARITH_OPTION = click.option(
     "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,
@@ -535,6 +535,9 @@ def main() -> None:
     from scoreflow_codec.threads import spin_briefly
 
     spin_briefly()  # before anything loads torch: a busy core otherwise slows network calls 10 - 30x
+    from scoreflow_codec.coding import workers
+
+    workers.allow_spawn()  # this entry point is guarded: spawned workers (macOS, Windows) do not re-run it
     cli(prog_name="sfcodec")
 
 

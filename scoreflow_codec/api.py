@@ -303,9 +303,10 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     jobs: processes for the seed codec's file where it comes in parts (a photograph of more than
     1024x1024 pixels, several images of more than 512x512 in all: stream.in_parts), and 1 or not for
     its encoder's analysis of an image of 2**16 pixels or more, whose first least-squares option it
-    otherwise makes in a second process (seed_codec.jobs; by default only where processes fork,
-    Linux); None, the default: every usable core, within the available memory (coding.workers). The
-    same bytes whatever it is.
+    otherwise makes in a second process (seed_codec.jobs); None, the default: every usable core, within
+    the available memory (coding.workers), where processes fork (Linux) or the program said its main
+    module is guarded (workers.allow_spawn: sfcodec does), else one process. The same bytes whatever
+    it is.
 
     arith: "exact64" (the default), every number that parametrizes a coder computed in exactmath's
     arithmetic, so that any machine decodes the file; "float32", the float32 networks (about 3x

@@ -1230,9 +1230,12 @@ def test_when_the_analysis_takes_a_second_process(monkeypatch):
     monkeypatch.setattr(workers, "available_memory", lambda: None)
     assert sc._in_parallel(big, LATEST)
     monkeypatch.setattr(workers, "forks", lambda: False)  # spawn would re-run a script's main module:
+    monkeypatch.setattr(workers, "_SPAWN_SAFE", False)
     assert not sc._in_parallel(big, LATEST)                # only where asked for
     with sc.jobs(2):
         assert sc._in_parallel(big, LATEST)
+    workers.allow_spawn()                                  # or in a program whose main module is guarded
+    assert sc._in_parallel(big, LATEST)
     monkeypatch.setattr(workers, "in_main_process", lambda: False)  # a worker starts no process of its own
     with sc.jobs(2):
         assert not sc._in_parallel(big, LATEST)

@@ -1,5 +1,6 @@
 """coding/workers.py: the processes that code and decode a seed-only stream's parts (0.9.26)."""
 import os
+import sys
 import time
 
 import pytest
@@ -50,7 +51,35 @@ def test_an_error_stops_the_other_workers_at_once():
     assert time.perf_counter() - t0 < 20
 
 
+def test_workers_start_by_spawn_only_where_the_program_allows(monkeypatch):
+    """Where processes spawn (macOS, Windows), work goes to other processes unasked only in a program
+    that says its main module is guarded (sfcodec): an API user's unguarded script would run again in
+    every worker (0.9.26's parts did that). Asked for (jobs given), it always may."""
+    monkeypatch.setattr(workers, "usable_cores", lambda: 8)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
+    monkeypatch.setattr(workers, "forks", lambda: False)
+    monkeypatch.setattr(workers, "_SPAWN_SAFE", False)
+    assert not workers.parallel_by_default() and workers.auto_jobs(12, 1 << 20) == 1
+    workers.allow_spawn()
+    assert workers.parallel_by_default() and workers.auto_jobs(12, 1 << 20) == 8
+    monkeypatch.setattr(workers, "_SPAWN_SAFE", False)
+    monkeypatch.setattr(workers, "forks", lambda: True)
+    assert workers.parallel_by_default() and workers.auto_jobs(12, 1 << 20) == 8
+
+
+def test_sfcodec_allows_spawn(monkeypatch):
+    """sfcodec's entry point says its main module is guarded (and runs the command)."""
+    import cli.main as cli_main
+
+    monkeypatch.setattr(workers, "_SPAWN_SAFE", False)
+    monkeypatch.setattr(sys, "argv", ["sfcodec", "--help"])
+    with pytest.raises(SystemExit) as e:
+        cli_main.main()
+    assert e.value.code == 0 and workers._SPAWN_SAFE
+
+
 def test_auto_jobs_stays_within_the_cores_the_parts_and_the_memory(monkeypatch):
+    monkeypatch.setattr(workers, "forks", lambda: True)
     monkeypatch.setattr(workers, "usable_cores", lambda: 8)
     monkeypatch.setattr(workers, "available_memory", lambda: 3 << 30)
     assert workers.auto_jobs(12, 1 << 20) == 3   # 3 GiB at 1 KiB a pixel of 1 Mpix parts

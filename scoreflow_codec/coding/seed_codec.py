@@ -1227,8 +1227,8 @@ class _Once:
 # An encoder's analysis runs its first least-squares option in a second process (0.9.27) on images
 # of at least this many pixels (below, starting the process costs more than it saves), where this
 # is the user's process and it may use two cores: seed_codec.jobs >= 2, or by default where
-# processes fork (Linux), there are two usable cores and the available memory holds
-# ANALYSIS_BYTES_PER_PIXEL more.
+# processes fork (Linux) or the program allows spawn (workers.parallel_by_default: sfcodec), there
+# are two usable cores and the available memory holds ANALYSIS_BYTES_PER_PIXEL more.
 PARALLEL_MIN_PIXELS = 1 << 16
 ANALYSIS_BYTES_PER_PIXEL = 1024
 _JOBS: contextvars.ContextVar["int | None"] = contextvars.ContextVar("seed_codec_jobs", default=None)
@@ -1252,7 +1252,7 @@ def _in_parallel(lay: _Layout, version: int) -> bool:
     if n is not None:
         return n >= 2
     mem = workers.available_memory()
-    return workers.forks() and workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
+    return workers.parallel_by_default() and workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
 
 
 def _key(planes: np.ndarray, version: int) -> tuple:

@@ -9,7 +9,9 @@ How many: `jobs` None (the default) takes every core this process may run on, no
 than parts, and no more than the available memory holds at PART_PEAK_BYTES_PER_PIXEL for the largest
 part (measured, 0.9.26: a worker's peak RSS 1,561 MiB on a 1024x1024 part, which counts the pages
 it shares with its parent, whose RSS was 603 MiB at most when it forked). Processes start by fork on Linux (the
-parent's imports and the image come along at no cost) and by spawn elsewhere.
+parent's imports and the image come along at no cost) and by spawn elsewhere, where by default only
+in a program that says its main module is guarded (`allow_spawn`: sfcodec; 0.9.28): an API user's
+script without `if __name__ == "__main__"` would run again in every spawned worker.
 """
 from __future__ import annotations
 
@@ -48,7 +50,10 @@ def available_memory() -> int | None:
 
 
 def auto_jobs(n_parts: int, largest_part_pixels: int) -> int:
-    """Processes for n_parts parts: the usable cores, at most one per part, within available memory."""
+    """Processes for n_parts parts: the usable cores, at most one per part, within available memory;
+    1 where workers would start by spawn in a program that did not allow it (parallel_by_default)."""
+    if not parallel_by_default():
+        return 1
     jobs = min(usable_cores(), n_parts)
     mem = available_memory()
     if mem is not None:
@@ -70,6 +75,24 @@ def forks() -> bool:
     """Whether worker processes start by fork here (Linux): at no cost, and without re-running the
     caller's main module, as spawn (elsewhere) does in a script without a __main__ guard."""
     return sys.platform.startswith("linux")
+
+
+_SPAWN_SAFE = False  # set by a program whose main module is guarded (sfcodec: allow_spawn)
+
+
+def allow_spawn() -> None:
+    """Say that this program's main module is guarded (`if __name__ == "__main__"`), so that workers
+    may start by spawn (macOS, Windows) without re-running it; `sfcodec` calls it. Not called, an API
+    user's script starts worker processes by default only where they fork (parallel_by_default)."""
+    global _SPAWN_SAFE
+    _SPAWN_SAFE = True
+
+
+def parallel_by_default() -> bool:
+    """Whether work goes to other processes when the caller did not ask (jobs None): where processes
+    fork, or where the program said its main module is guarded (allow_spawn). A spawned worker
+    re-imports the main module: an unguarded script would run again in each (and Python refuses)."""
+    return forks() or _SPAWN_SAFE
 
 
 def _context():
