@@ -1,4 +1,4 @@
-"""16-bit images: their samples as an 8-bit image plus low bits, 48/64-bit PNGs read and written.
+"""16-bit images: their samples as an 8-bit image plus low bits; 48/64-bit PNGs and TIFFs read, PNGs written.
 
 The codec's model and seed codec code 8-bit planes. A 16-bit image (`images.SourceImage` of mode
 "L;16", "LA;16", "RGB;16" or "RGBA;16") is coded as the 8-bit image of its samples' high bits plus
@@ -14,9 +14,10 @@ samples as few bits as they really are (`split`, its description the header's me
   (per sample, the range's bits minus the ranks') outweigh the table's; the result w has 8 + b bits:
   w >> b is the 8-bit image, w & (2**b - 1) the low bits (b = 0: none).
 
-Pillow reads a 16-bit grey PNG or TIFF ("I;16") whole, but hands over a 48/64-bit colour PNG as
-8-bit RGB / RGBA, keeping the high bytes; `read_png` has Pillow's decoder unpack the same rows
-twice, the high bytes and then the low ones (its unfiltering and Adam7 are the same either way).
+Pillow reads a 16-bit grey PNG or TIFF ("I;16") whole, but hands over a 48/64-bit colour PNG or
+TIFF as 8-bit RGB / RGBA, keeping the high bytes; `read_wide` has Pillow's decoder unpack the same
+rows twice, the high bytes and then the low ones (PNG's unfiltering and Adam7, TIFF's strips,
+tiles, compression and predictor are the same either way).
 `encode_png` writes a 16-bit PNG: the chunks Pillow writes for the metadata (metadata.save_options)
 around our own 16-bit IHDR and IDAT.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 import zlib
 
 import numpy as np
@@ -39,7 +41,6 @@ MODES = {"L;16": 1, "LA;16": 2, "RGB;16": 3, "RGBA;16": 4}  # 16-bit modes and t
 BASE_MODE = {"L;16": "L", "LA;16": "LA", "RGB;16": "RGB", "RGBA;16": "RGBA"}
 _PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}
 # the PNG raw modes Pillow hands over as 8-bit, and (Pillow mode, raw mode) that unpack the low bytes
-_LOW_RAWMODE = {"RGB;16B": ("RGB", "RGB;16L"), "RGBA;16B": ("RGBA", "RGBA;16L"), "LA;16B": ("RGBA", "RGBA")}
 
 
 def _bit_length(v: int) -> int:
@@ -161,37 +162,48 @@ def pop_image(m: Message, hi: np.ndarray, deep: dict) -> tuple[np.ndarray | None
 # ---- PNG ---------------------------------------------------------------------------------------
 
 
-def wide_png(img: Image.Image) -> str | None:
-    """The raw mode of a 48/64-bit PNG (or 32-bit grey + alpha) that Pillow hands over as 8-bit, else None."""
-    if img.format != "PNG":
+def wide_colour(img: Image.Image) -> tuple[str, str, str] | None:
+    """How to read a 48/64-bit colour PNG or TIFF (a 32-bit grey + alpha PNG) whole, which Pillow hands
+    over as 8-bit (the high bytes): (its raw mode, the Pillow mode and raw mode that unpack the same
+    decoded rows' low bytes instead), else None."""
+    raws = {_rawmode(t) for t in getattr(img, "tile", None) or []}
+    if img.format not in ("PNG", "TIFF") or len(raws) != 1:  # every strip or tile alike
         return None
-    for tile in getattr(img, "tile", None) or []:
-        args = tile[3] if len(tile) > 3 else None
-        raw = args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else ""
-        if raw in _LOW_RAWMODE:
-            return raw
-    return None
+    raw = raws.pop()
+    if img.format == "PNG" and raw == "LA;16B":  # grey + alpha: Pillow's RGBA (L, L, L, A); 8-bit RGBA reads all 4 bytes
+        return raw, "RGBA", "RGBA"
+    base, _, bits = str(raw).partition(";")
+    if base not in ("RGB", "RGBA") or bits not in ("16B", "16L", "16N") or (img.format == "PNG" and bits != "16B"):
+        return None
+    order = bits[-1] if bits[-1] != "N" else ("L" if sys.byteorder == "little" else "B")  # N: libtiff's native
+    return raw, base, f"{base};16{'B' if order == 'L' else 'L'}"  # the other byte of each sample
+
+
+def _rawmode(tile) -> str:
+    args = tile[3] if len(tile) > 3 else None
+    return str(args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else "")
 
 
 def _unpack(path, mode: str, rawmode: str) -> np.ndarray:
+    """The file's pixels as Pillow's decoders give them with `rawmode` for every strip or tile."""
     with Image.open(path) as img:
-        tile = img.tile[0]
-        args = tile.args
-        img.tile = [tile._replace(args=(rawmode,) + tuple(args[1:]) if isinstance(args, tuple) else rawmode)]
+        img.tile = [t._replace(args=(rawmode,) + tuple(t.args[1:]) if isinstance(t.args, tuple) else rawmode)
+                    for t in img.tile]
         if img.mode != mode:
             img._mode = mode
         img.load()
         return np.asarray(img)
 
 
-def read_png(path, rawmode: str) -> tuple[np.ndarray, str]:
-    """(uint16 [H, W, C], mode) of a 16-bit colour or grey + alpha PNG (wide_png's raw mode)."""
-    hi = _unpack(path, "RGBA" if rawmode != "RGB;16B" else "RGB", rawmode)
-    low_mode, low_raw = _LOW_RAWMODE[rawmode]
+def read_wide(path, how: tuple[str, str, str]) -> tuple[np.ndarray, str]:
+    """(uint16 [H, W, C], mode) of a 16-bit colour (or grey + alpha) PNG or TIFF, wide_colour's `how`:
+    Pillow's decoder unpacks the rows twice, their high bytes and then their low ones."""
+    raw, low_mode, low_raw = how
     lo = _unpack(path, low_mode, low_raw)
-    if rawmode == "LA;16B":  # Pillow gives grey + alpha as RGBA (L, L, L, A): the bytes L_hi, L_lo, A_hi, A_lo
+    if raw == "LA;16B":  # the bytes L_hi, L_lo, A_hi, A_lo
         return (lo[..., 0::2].astype(np.uint16) << 8) | lo[..., 1::2], "LA;16"
-    return (hi.astype(np.uint16) << 8) | lo, {"RGB;16B": "RGB;16", "RGBA;16B": "RGBA;16"}[rawmode]
+    hi = _unpack(path, low_mode, raw)
+    return (hi.astype(np.uint16) << 8) | lo, f"{low_mode};16"
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

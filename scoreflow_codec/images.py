@@ -14,12 +14,12 @@ Modes coded:
                                     `palette_as_indices` gives a colour-coded palette image's
                                     index plane, which the codec keeps where it codes smaller
                                     (api.choose_palette_coding)
-  L;16, LA;16, RGB;16, RGBA;16  -> 16-bit images (grey PNG / TIFF, 48/64-bit PNG): the 8-bit image of
+  L;16, LA;16, RGB;16, RGBA;16  -> 16-bit images (grey PNG / TIFF, 48/64-bit PNG / TIFF): the 8-bit image of
                                     their high bits as above, the low bits in their own section
                                     (deep.py); `to_array` gives them, `encode_source` writes a PNG
-Refused with a clear message: 32-bit / float (I, F), 16-bit colour other than PNG, 16-bit PNGs with
-a transparent colour, CMYK, YCbCr, LAB, HSV, premultiplied (RGBa, La), animations, and anything
-Pillow can't open.
+Refused with a clear message: 32-bit / float (I, F), 16-bit colour other than PNG and TIFF (or a
+TIFF of several pictures or planes), 16-bit images with a transparent colour, CMYK, YCbCr, LAB, HSV,
+premultiplied (RGBa, La), animations, and anything Pillow can't open.
 """
 from __future__ import annotations
 
@@ -232,19 +232,19 @@ def load_image(path: str | os.PathLike) -> SourceImage:
         raise BadImageError(f"{p}: is a directory, not an image")
     try:
         with Image.open(p) as img:
-            wide = _wide_rawmode(img)
-            if wide and dp.wide_png(img) and "transparency" not in img.info:
+            wide, how = _wide_rawmode(img), dp.wide_colour(img)
+            if how and "transparency" in img.info:
+                raise UnsupportedImageError("16-bit images with a transparent colour (tRNS) are not supported")
+            if how and not getattr(img, "n_frames", 1) > 1:
                 if img.width * img.height > MAX_PIXELS:
                     raise UnsupportedImageError(f"image too large: {img.width}x{img.height} pixels (limit {MAX_PIXELS})")
-                arr, mode = dp.read_png(p, wide)
+                arr, mode = dp.read_wide(p, how)
                 src = from_deep(arr, mode)
                 src.metadata = md.read(img)
                 return src
-            if wide and dp.wide_png(img):
-                raise UnsupportedImageError("16-bit PNGs with a transparent colour (tRNS) are not supported")
             if wide:
-                raise UnsupportedImageError(f"{wide} samples: 16-bit colour is read from PNG files only (save it as a "
-                                            "16-bit PNG)")
+                raise UnsupportedImageError(f"{wide} samples are not supported: 16-bit colour is read from PNG and "
+                                            "TIFF files of one picture, interleaved (save it as a 16-bit PNG)")
             img.load()
             return from_pil(img)
     except BadImageError as e:

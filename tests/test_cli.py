@@ -452,6 +452,20 @@ def test_16_bit_round_trip(model_a, tmp_path, ct, c):
     assert "identical" in v.stdout + v.stderr
 
 
+def test_48_bit_tiff_round_trip(model_a, tmp_path):
+    """A 48-bit TIFF (uncompressed, the TIFF 6.0 layout) compresses; it comes back as a 16-bit PNG of
+    the same samples."""
+    from scoreflow_codec import images
+
+    src = _tiff48(tmp_path / "rgb48.tif")
+    sfc, out = tmp_path / "t.sfc", tmp_path / "t.png"
+    assert_ok(sfcodec("compress", src, "-o", sfc, "--model", model_a, "--steps", STEPS["chain"], "-q"))
+    assert_ok(sfcodec("decompress", sfc, "-o", out, "-q"))
+    want = _rng(3).integers(0, 65536, (4, 5, 3), dtype=np.uint16)
+    assert np.array_equal(images.to_array(images.load_image(out)), want)
+    assert np.array_equal(images.to_array(images.load_image(src)), want)
+
+
 @pytest.mark.parametrize("mode", ["ode", "chain"])
 def test_multi_image(image, model_a, tmp_path, mode):
     srcs = [image("rgb_31x33", "a.png"), image("L", "b.png"), image("RGBA", "c.png")]
@@ -681,8 +695,12 @@ def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
     if kind == "int32":
         Image.fromarray(_rng(0).integers(0, 2**31, (4, 4)).astype(np.int32), "I").save(p.with_suffix(".tif"))
         return p.with_suffix(".tif"), ["32-bit"]
-    if kind == "16bit_tiff_rgb":  # Pillow hands a 48-bit TIFF over as 8-bit: read from PNGs only
-        return _tiff48(d / "rgb48.tif"), ["16-bit", "PNG"]
+    if kind == "16bit_trns":  # a 16-bit PNG with a transparent colour
+        png = png16(_rng(9).integers(0, 65536, (6, 5, 3), dtype=np.uint16), 2)
+        i = png.index(b"IDAT") - 4
+        p.write_bytes(png[:i] + struct.pack(">I", 6) + b"tRNS\0\1\0\2\0\3" + struct.pack(">I", zlib.crc32(b"tRNS\0\1\0\2\0\3"))
+                      + png[i:])
+        return p, ["16-bit", "transparent"]
     if kind == "cmyk":
         Image.new("CMYK", (4, 4), (1, 2, 3, 4)).save(p.with_suffix(".tif"))
         return p.with_suffix(".tif"), ["CMYK"]
@@ -692,7 +710,7 @@ def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
     raise ValueError(kind)
 
 
-BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_tiff_rgb"]
+BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_trns"]
 
 
 @pytest.mark.parametrize("kind", BAD_IMAGES)

@@ -293,6 +293,62 @@ def png16_by_hand(arr: np.ndarray, interlace: bool, seed: int = 0) -> bytes:
 MODES = {1: "L;16", 2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}
 
 
+def tiff16_by_hand(arr: np.ndarray, compression: int = 1, predictor: int = 1, endian: str = "<",
+                   rows_per_strip: int | None = None) -> bytes:
+    """A 16-bit grey / 48-bit RGB / 64-bit RGBA TIFF as TIFF 6.0 lays it out: strips of rows_per_strip
+    rows, uncompressed (1) or Deflate (8), with horizontal differencing (predictor 2) or not."""
+    h, w, c = arr.shape
+    rps = rows_per_strip or h
+    strips = []
+    for y0 in range(0, h, rps):
+        block = arr[y0:y0 + rps].astype(np.int64)
+        if predictor == 2:  # each sample minus its left neighbour, modulo 2**16
+            block[:, 1:] = (block[:, 1:] - arr[y0:y0 + rps, :-1]) % 65536
+        raw = block.astype(endian + "u2").tobytes()
+        strips.append(zlib.compress(raw) if compression == 8 else raw)
+    offsets = list(np.cumsum([8] + [len(b) for b in strips[:-1]]))
+    blob_at = 8 + sum(len(b) for b in strips)  # after the strips: BitsPerSample, StripOffsets, StripByteCounts
+    arrays = {258: [16] * c, 273: offsets, 279: [len(b) for b in strips]}
+    blobs, where = b"", {}
+    for tag, values in arrays.items():
+        typ = 3 if tag == 258 else 4
+        where[tag] = blob_at + len(blobs)
+        blobs += struct.pack(endian + f"{len(values)}{'H' if typ == 3 else 'I'}", *values)
+    tags = {256: (3, [w]), 257: (3, [h]), 258: (3, arrays[258]), 259: (3, [compression]), 262: (3, [2 if c >= 3 else 1]),
+            273: (4, offsets), 277: (3, [c]), 278: (3, [rps]), 279: (4, arrays[279])}
+    if c == 4:
+        tags[338] = (3, [2])  # ExtraSamples: unassociated alpha
+    if predictor == 2:
+        tags[317] = (3, [2])
+    entries = b""
+    for tag in sorted(tags):
+        typ, values = tags[tag]
+        size = 2 if typ == 3 else 4
+        if len(values) * size <= 4:  # the values in the entry, left-justified
+            inline = struct.pack(endian + f"{len(values)}{'H' if typ == 3 else 'I'}", *values).ljust(4, b"\0")
+            entries += struct.pack(endian + "HHI", tag, typ, len(values)) + inline
+        else:
+            entries += struct.pack(endian + "HHII", tag, typ, len(values), where[tag])
+    ifd = struct.pack(endian + "H", len(tags)) + entries + struct.pack(endian + "I", 0)
+    head = (b"II*\0" if endian == "<" else b"MM\0*") + struct.pack(endian + "I", blob_at + len(blobs))
+    return head + b"".join(strips) + blobs + ifd
+
+
+@pytest.mark.parametrize("compression,predictor", [(1, 1), (8, 1), (8, 2)], ids=["raw", "deflate", "deflate_pred"])
+@pytest.mark.parametrize("endian", ["<", ">"], ids=["II", "MM"])
+@pytest.mark.parametrize("c", [1, 3, 4])
+def test_a_16_bit_tiff_is_read_whole(tmp_path, c, endian, compression, predictor):
+    """48/64-bit TIFFs (and 16-bit grey) of either byte order, uncompressed or Deflate, with or without
+    horizontal differencing, in strips of 4 rows: every bit (Pillow alone gives the high bytes)."""
+    arr = RNG.integers(0, 65536, (9, 7, c), dtype=np.uint16)
+    p = tmp_path / "a.tif"
+    p.write_bytes(tiff16_by_hand(arr, compression, predictor, endian, rows_per_strip=4))
+    src = images.load_image(p)
+    assert src.mode == MODES[c] and np.array_equal(images.to_array(src), arr)
+    imagecodecs = pytest.importorskip("imagecodecs", reason="imagecodecs (the test extra) reads TIFFs with libtiff")
+    assert np.array_equal(imagecodecs.tiff_decode(p.read_bytes()).reshape(arr.shape), arr)  # the file is right
+
+
 @pytest.mark.parametrize("interlace", [False, True])
 @pytest.mark.parametrize("c", [1, 2, 3, 4])
 def test_a_16_bit_png_is_read_whole(tmp_path, c, interlace):
@@ -361,6 +417,16 @@ def test_what_16_bit_input_is_refused(tmp_path):
     p.write_bytes(png[:i] + trns + png[i:])
     with pytest.raises(UnsupportedImageError, match="transparent colour"):
         images.load_image(p)
+    two = tmp_path / "two.tif"  # a 16-bit TIFF of two pictures
+    one = tiff16_by_hand(arr, 1, 1, "<")
+    (tmp_path / "x.tif").write_bytes(one)
+    Image.open(tmp_path / "x.tif")  # readable alone
+    ifd_at = struct.unpack_from("<I", one, 4)[0]
+    n = struct.unpack_from("<H", one, ifd_at)[0]
+    second = len(one)
+    two.write_bytes(one[:ifd_at + 2 + 12 * n] + struct.pack("<I", second) + one[ifd_at + 6 + 12 * n:] + one[ifd_at:ifd_at + 2 + 12 * n] + b"\0\0\0\0")
+    with pytest.raises(UnsupportedImageError, match="one picture"):
+        images.load_image(two)
     q = tmp_path / "i.tif"
     Image.fromarray(RNG.integers(0, 2**31, (4, 4)).astype(np.int32), "I").save(q)
     with pytest.raises(UnsupportedImageError, match="32-bit"):
