@@ -309,7 +309,8 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
 @cli.command()
 @click.argument("input", type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Image file (.png, .tif, .bmp, .webp lossless) or, for several images, a directory.")
+              help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png) or, for several images, a "
+                   "directory.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")

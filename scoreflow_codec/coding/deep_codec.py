@@ -26,6 +26,8 @@ tables), which the real size matches to a few bits (tests/test_deep_codec.py).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -128,6 +130,7 @@ def activity(nb: dict[str, np.ndarray]) -> np.ndarray:
     return np.minimum(_bit_length(a), CONTEXTS - 1)
 
 
+@functools.lru_cache(maxsize=1024)
 def counts(theta: int, bits: int) -> np.ndarray:
     """[2**(bits + 1) - 1] float64 counts of the residual lo - p_lo = -(2**bits - 1) .. 2**bits - 1:
     G0 * (theta / 2**16)**|r| by integer steps, plus FLOOR (integers, exact in float64)."""
@@ -137,7 +140,9 @@ def counts(theta: int, bits: int) -> np.ndarray:
     for r in range(1, k):
         g[r] = (int(g[r - 1]) * int(theta)) >> THETA_BITS
     g += FLOOR
-    return np.concatenate([g[:0:-1], g]).astype(np.float64)
+    out = np.concatenate([g[:0:-1], g]).astype(np.float64)
+    out.flags.writeable = False  # cached: shared by every caller
+    return out
 
 
 def fit_theta(mean_abs: float) -> int:
