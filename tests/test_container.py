@@ -24,8 +24,10 @@ from scoreflow_codec.container import (
 )
 from scoreflow_codec.errors import BadFileError, UnsupportedVersionError
 
-GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2, 3, 4, 5)}
-GOLDEN_SECTIONS = {5: b"\x01an opaque metadata section\xff"}  # version 5: a section after the payload
+GOLDENS = {v: Path(__file__).parent / "golden" / f"container_v{v}.bin" for v in (1, 2, 3, 4, 5, 6)}
+# version 5: a section after the payload; version 6: that section and the low bits' words after it
+GOLDEN_SECTIONS = {5: b"\x01an opaque metadata section\xff", 6: b"\x01an opaque metadata section\xff"}
+GOLDEN_LOW = np.array([7, 0xFFFFFFFF, 12345], dtype=np.uint32)
 GOLDEN = GOLDENS[1]
 GOLDEN_HEADER = {
     "format": "sfc",
@@ -41,10 +43,12 @@ def test_golden_bitstream(version):
     # A change here is a format change: bump FORMAT_VERSION and keep reading the older versions.
     data = GOLDENS[version].read_bytes()
     section = GOLDEN_SECTIONS.get(version, b"")
-    assert pack(GOLDEN_HEADER, GOLDEN_WORDS, version=version, section=section) == data
+    low = GOLDEN_LOW if version == 6 else None
+    assert pack(GOLDEN_HEADER, GOLDEN_WORDS, version=version, section=section, low_words=low) == data
     header, words = unpack(data)
     assert header == GOLDEN_HEADER and np.array_equal(words, GOLDEN_WORDS)
     assert unpack_all(data)[2] == section
+    assert (unpack_all(data)[3] is None) == (version < 6) and (version < 6 or np.array_equal(unpack_all(data)[3], low))
     assert words.dtype == np.uint32
     assert peek_header(data) == GOLDEN_HEADER
     assert format_version(data) == version
@@ -85,6 +89,31 @@ def test_version_5_carries_a_metadata_section():
     assert "metadata section CRC" in _msg(v5[:-6] + bytes([v5[-6] ^ 1]) + v5[-5:])
     # a version 4 file with bytes after its payload: trailing bytes, never a section
     assert "trailing bytes after the payload" in _msg(v4 + struct.pack("<I", 0) + struct.pack("<I", 0))
+
+
+def test_version_6_carries_the_low_bits():
+    """A file with 16-bit images (deep.py) is version 6: version 5's bytes (its metadata section even
+    when empty), then the low bits' words with their length and CRC32. Every damage to them is refused."""
+    sec, v5 = GOLDEN_SECTIONS[6], GOLDENS[5].read_bytes()
+    v6 = pack(GOLDEN_HEADER, GOLDEN_WORDS, section=sec, low_words=GOLDEN_LOW)
+    assert format_version(v6) == 6 and v6 == GOLDENS[6].read_bytes()
+    as5 = bytearray(v6[: len(v5)])
+    as5[8:10] = b"\x05\x00"
+    hend = 16 + struct.unpack_from("<I", as5, 12)[0]
+    as5[hend:hend + 4] = struct.pack("<I", zlib.crc32(bytes(as5[8:hend])))
+    assert bytes(as5) == v5
+    lb = GOLDEN_LOW.astype("<u4").tobytes()
+    assert v6[len(v5):] == struct.pack("<I", len(lb)) + lb + struct.pack("<I", zlib.crc32(lb))
+    empty = pack(GOLDEN_HEADER, GOLDEN_WORDS, low_words=np.zeros(0, np.uint32))  # no metadata, no words: still framed
+    assert format_version(empty) == 6 and unpack_all(empty)[2] == b"" and len(unpack_all(empty)[3]) == 0
+    assert "low-bit section length" in _msg(v6[: len(v5) + 2])
+    assert "declared low-bit section" in _msg(v6[:-1])
+    assert "trailing bytes after the low-bit section" in _msg(v6 + b"\0")
+    assert "low-bit section CRC" in _msg(v6[:-6] + bytes([v6[-6] ^ 1]) + v6[-5:])
+    odd = bytearray(v6[: len(v5)]) + struct.pack("<I", 3) + b"abc" + struct.pack("<I", zlib.crc32(b"abc"))
+    assert "whole number of words" in _msg(bytes(odd))
+    zero = np.array([5, 0], np.uint32).astype("<u4").tobytes()
+    assert "nonzero" in _msg(bytes(v6[: len(v5)]) + struct.pack("<I", 8) + zero + struct.pack("<I", zlib.crc32(zero)))
 
 
 def test_version_2_headers_are_smaller():
