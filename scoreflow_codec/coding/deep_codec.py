@@ -1,19 +1,22 @@
-"""The low bits of a 16-bit image's samples, coded given its high bytes (images.split_deep).
+"""The low bits of a 16-bit image's samples, coded given its high bytes (deep.split).
 
 A sample u of `bits + 8` bits is (hi << bits) | lo: the high byte hi goes through the 8-bit codec
 (model or seed codec, whatever codes the image's planes) and is known to the decoder first; this
 codec codes lo, the low `bits` (1 to 8), given every hi.
 
 * Order: anti-diagonal wavefronts t = x + 2y, as the seed codec: a pixel's neighbours N, W, NW,
-  NE, WW, NN are in earlier wavefronts, so a wavefront is decoded in one vectorized step (all
-  channels at once). The decoder's picture of the image, V, starts as every sample's bin centre
+  NE, WW, NN are in earlier wavefronts, so a wavefront is decoded in one vectorized step per
+  channel, channels in order (a channel sees the earlier ones at the pixel). The decoder's picture
+  of the image, V, starts as every sample's bin centre
   (hi << bits) + 2**(bits - 1), known from hi alone, and takes each sample's true value as it is
   decoded; a neighbour outside the image is read at the nearest pixel inside (coordinates clipped).
   A neighbour that the decoder has not reached yet (S, E, SW, SE, or a clipped one in this or a later
   wavefront) is read as its bin centre: the high bytes below and to the right say where a smooth
   surface is going.
 * Prediction: one of PREDICTORS per channel (the encoder tries each and keeps the cheapest), on V,
-  clipped to the sample's bin: p_lo in 0 .. 2**bits - 1.
+  clipped to the sample's bin: p_lo in 0 .. 2**bits - 1. "med" is LOCO-I's; "linear" a least-squares
+  fit (weights stored, 16 bits each) of the neighbours about the sample's own bin centre and, for a
+  later channel, the two channels before at the pixel (their value minus their bin centre, N and W).
 * Context: CONTEXTS levels of bit_length(|N - NW| + |W - NW| + |NE - N|) on V.
 * Coding: lo as a categorical over 0 .. 2**bits - 1 with counts G[lo - p_lo] of a two-sided
   geometric theta**|r| per (channel, context), a floor of FLOOR counts, theta a 16-bit integer
@@ -22,7 +25,12 @@ codec codes lo, the low `bits` (1 to 8), given every hi.
 
 Everything is on the caller's ANS stack: pixels first, then each channel's parameters on top (the
 decoder pops them first). `push` returns the codelength it predicts (categorical_bits of the same
-tables), which the real size matches to a few bits (tests/test_deep_codec.py).
+tables), which the real size matches to one word (tests/test_deep.py).
+
+Measured (0.9.28, bench/deep16.py, 2-core Intel Xeon): on Kodak images made 16-bit by resampling in
+floating point the low 8 bits are the photograph's noise below one 8-bit step and cost 8.005 bits a
+sample (what any codec pays); on smooth or flat areas less (kodim20: 5.9). A 384x256 RGB image's low
+bits encode in about 2.5 s and decode in 0.5 s.
 """
 from __future__ import annotations
 
@@ -44,8 +52,9 @@ CONTEXTS = 20          # bit_length of the activity, 0 .. 19 (an activity below 
 THETA_BITS = 16
 G0, FLOOR = 1 << 30, 1 << 12   # geometric counts G0 * theta**|r| (integer steps), plus FLOOR each
 MAX_BITS = 8
-CHUNK = 1 << 15        # pixels per categorical call in the encoder (memory: CHUNK * 2**bits floats)
-# neighbour -> (dy, dx); a neighbour is read as decoded where its wavefront comes first (2 dy + dx < 0)
+CHUNK = 1 << 15        # pixels at a time in the encoder's features (memory: a few arrays of CHUNK)
+# neighbour -> (dy, dx), clipped into the image; read as decoded where its wavefront comes first, or
+# is this one and the channel an earlier one (_Picture.seen), else as its bin centre
 OFFSETS = {"N": (-1, 0), "W": (0, -1), "NW": (-1, -1), "NE": (-1, 1), "WW": (0, -2), "NN": (-2, 0),
            "S": (1, 0), "E": (0, 1), "SW": (1, -1), "SE": (1, 1), "C": (0, 0)}
 _FLAG, _PRED, _THETA = uniform(2, ()), uniform(len(PREDICTORS), ()), uniform(1 << THETA_BITS, ())
