@@ -219,9 +219,9 @@ def _chunks(png: bytes) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def _filtered(rows: np.ndarray, bpp: int) -> bytes:
+def _filtered(rows: np.ndarray, bpp: int, only: int | None = None) -> bytes:
     """PNG scanlines: each row with the filter (None, Sub, Up, Average, Paeth) of the smallest sum of
-    absolute values (libpng's heuristic); rows [H, stride] uint8."""
+    absolute values (libpng's heuristic), or filter `only` on every row; rows [H, stride] uint8."""
     x = rows.astype(np.int16)
     a = np.zeros_like(x)
     a[:, bpp:] = x[:, :-bpp]
@@ -234,7 +234,7 @@ def _filtered(rows: np.ndarray, bpp: int) -> bytes:
     paeth = np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
     cands = np.stack([x, x - a, x - b, x - ((a + b) >> 1), x - paeth]) & 0xFF
     score = np.where(cands < 128, cands, 256 - cands).sum(axis=2)  # [5, H]
-    best = score.argmin(axis=0)
+    best = score.argmin(axis=0) if only is None else np.full(len(x), only)
     lines = cands[best, np.arange(len(x))].astype(np.uint8)
     return np.concatenate([best.astype(np.uint8)[:, None], lines], axis=1).tobytes()
 

@@ -378,6 +378,38 @@ def test_written_png_is_a_16_bit_png(tmp_path, c):
     assert np.array_equal(imagecodecs.png_decode(png).reshape(arr.shape), arr)
 
 
+@pytest.mark.parametrize("kind", [0, 1, 2, 3, 4], ids=["none", "sub", "up", "average", "paeth"])
+def test_each_png_filter_the_writer_has(tmp_path, kind):
+    """Every row with one filter type (the writer picks per row; each must be right on its own): Pillow's
+    decoder (and libpng's) gives the samples back."""
+    arr = RNG.integers(0, 65536, (7, 9, 3), dtype=np.uint16)
+    arr[3:] = arr[3:] // 7 + 1000  # rows where a smaller filter output differs from the raw one
+    rows = np.ascontiguousarray(arr, dtype=">u2").view(np.uint8).reshape(7, -1)
+    idat = zlib.compress(deep._filtered(rows, 6, only=kind))
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 9, 7, 16, 2, 0, 0, 0))
+           + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    assert zlib.decompress(idat)[0] == kind  # the first row's filter byte
+    p = tmp_path / "f.png"
+    p.write_bytes(png)
+    assert np.array_equal(images.to_array(images.load_image(p)), arr)
+
+
+def test_decoder_knows_a_constant_earlier_channel():
+    """A constant low plane is known whole before any pixel: a later channel's prediction from it at the
+    pixel (its value, N and W) is the encoder's."""
+    h, w, c, bits = 6, 10, 3, 8
+    hi, lo = _lowbits(smooth16(h, w, c, noise=100.0, seed=7), bits)
+    lo[0] = 77
+    rng = np.random.default_rng(8)
+    chans = [dc._Channel(const=77)] + [dc._Channel(pred=1, weights=rng.integers(-3000, 3000, dc.n_features(k)).tolist(),
+                                                   thetas=[40000] * dc.CONTEXTS) for k in (1, 2)]
+    m = _reference_push(hi, lo, bits, chans)
+    assert np.array_equal(dc.pop(m, hi, bits), lo) and m.is_empty()
+
+
 def test_written_png_keeps_metadata(tmp_path):
     arr = smooth16(8, 9, 3)
     src = images.from_array(arr)
@@ -512,6 +544,10 @@ def test_damaged_low_section_is_refused():
         bad = container.pack(header, words, section=section, low_words=other)
         with pytest.raises((BadFileError, DecodeMismatchError)):
             api.decompress(bad)
+    # a word under the stack's bottom: every sample decodes right, the word is left over
+    under = container.pack(header, words, section=section, low_words=np.concatenate([[np.uint32(7)], low]))
+    with pytest.raises(BadFileError, match="left over"):
+        api.decompress(under)
 
 
 def test_header_and_version_must_agree():
