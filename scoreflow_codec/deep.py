@@ -40,7 +40,6 @@ from .errors import BadFileError
 MODES = {"L;16": 1, "LA;16": 2, "RGB;16": 3, "RGBA;16": 4}  # 16-bit modes and their channels
 BASE_MODE = {"L;16": "L", "LA;16": "LA", "RGB;16": "RGB", "RGBA;16": "RGBA"}
 _PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}
-# the PNG raw modes Pillow hands over as 8-bit, and (Pillow mode, raw mode) that unpack the low bytes
 
 
 def _bit_length(v: int) -> int:
@@ -59,12 +58,13 @@ def split(u: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | No
     v = u >> shift
     span = _bit_length(int(v.max()))
     table = None
-    values = np.unique(v)
+    present = np.bincount(v.ravel(), minlength=1 << 16) > 0  # linear time: no sort of the samples
+    values = np.flatnonzero(present)
     fewer = span - _bit_length(len(values) - 1)  # bits a sample saves by its rank
     gap_bits = _bit_length(int(np.diff(values, prepend=0).max()))  # what push_table spends on each value
     if fewer > 0 and len(values) * gap_bits < fewer * u.size:
         table = values.astype(np.uint16)
-        v = np.searchsorted(values, v)
+        v = (np.cumsum(present) - 1).astype(np.uint16)[v]  # each value's rank
         span = _bit_length(len(values) - 1)
     low = max(span - 8, 0)
     hi = (v >> low).astype(np.uint8)
@@ -78,13 +78,13 @@ def join(hi: np.ndarray, lo: np.ndarray | None, table: np.ndarray | None, deep: 
     if deep.get("x257"):
         return hi.astype(np.uint16) * np.uint16(257)
     low = deep["low"]
-    w = hi.astype(np.int64) << low
+    w = hi.astype(np.int32) << low
     if low:
         w |= lo
     if table is not None:
         if int(w.max()) >= len(table):
             raise BadFileError("corrupt .sfc file: a 16-bit image's value is beyond its table")
-        w = table.astype(np.int64)[w]
+        w = table.astype(np.int32)[w]
     u = w << deep["shift"]
     if int(u.max()) > 0xFFFF:
         raise BadFileError("corrupt .sfc file: a 16-bit image's value is beyond 16 bits")
@@ -159,7 +159,7 @@ def pop_image(m: Message, hi: np.ndarray, deep: dict) -> tuple[np.ndarray | None
     return lo, table
 
 
-# ---- PNG ---------------------------------------------------------------------------------------
+# ---- PNG and TIFF files ------------------------------------------------------------------------
 
 
 def wide_colour(img: Image.Image) -> tuple[str, str, str] | None:
@@ -184,26 +184,27 @@ def _rawmode(tile) -> str:
     return str(args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else "")
 
 
-def _unpack(path, mode: str, rawmode: str) -> np.ndarray:
-    """The file's pixels as Pillow's decoders give them with `rawmode` for every strip or tile."""
+def _unpack(path, mode: str, rawmode: str) -> tuple[np.ndarray, dict]:
+    """The file's pixels as Pillow's decoders give them with `rawmode` for every strip or tile, and its
+    metadata (metadata.read, once loaded: a PNG's chunks after its pixels too)."""
     with Image.open(path) as img:
+        if img.mode != mode:  # wide_colour's modes are the ones Pillow opens these files in
+            raise ValueError(f"a {img.mode} image, not {mode}")
         img.tile = [t._replace(args=(rawmode,) + tuple(t.args[1:]) if isinstance(t.args, tuple) else rawmode)
                     for t in img.tile]
-        if img.mode != mode:
-            img._mode = mode
         img.load()
-        return np.asarray(img)
+        return np.asarray(img), md.read(img)
 
 
-def read_wide(path, how: tuple[str, str, str]) -> tuple[np.ndarray, str]:
-    """(uint16 [H, W, C], mode) of a 16-bit colour (or grey + alpha) PNG or TIFF, wide_colour's `how`:
-    Pillow's decoder unpacks the rows twice, their high bytes and then their low ones."""
+def read_wide(path, how: tuple[str, str, str]) -> tuple[np.ndarray, str, dict]:
+    """(uint16 [H, W, C], mode, metadata) of a 16-bit colour (or grey + alpha) PNG or TIFF, wide_colour's
+    `how`: Pillow's decoder unpacks the rows twice, their high bytes and then their low ones."""
     raw, low_mode, low_raw = how
-    lo = _unpack(path, low_mode, low_raw)
+    lo, kept = _unpack(path, low_mode, low_raw)
     if raw == "LA;16B":  # the bytes L_hi, L_lo, A_hi, A_lo
-        return (lo[..., 0::2].astype(np.uint16) << 8) | lo[..., 1::2], "LA;16"
-    hi = _unpack(path, low_mode, raw)
-    return (hi.astype(np.uint16) << 8) | lo, f"{low_mode};16"
+        return (lo[..., 0::2].astype(np.uint16) << 8) | lo[..., 1::2], "LA;16", kept
+    hi, _ = _unpack(path, low_mode, raw)
+    return (hi.astype(np.uint16) << 8) | lo, f"{low_mode};16", kept
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -263,9 +264,3 @@ def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byte
             out.append(_chunk(kind, data))
     return b"".join(out)
 
-
-def from_pil_i16(img: Image.Image) -> np.ndarray | None:
-    """uint16 [H, W, 1] of a 16-bit grey Pillow image ("I;16", "I;16B", "I;16L"), else None."""
-    if img.mode not in ("I;16", "I;16B", "I;16L", "I;16N"):
-        return None
-    return np.asarray(img).astype(np.uint16)[:, :, None]

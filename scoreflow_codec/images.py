@@ -238,9 +238,9 @@ def load_image(path: str | os.PathLike) -> SourceImage:
             if how and not getattr(img, "n_frames", 1) > 1:
                 if img.width * img.height > MAX_PIXELS:
                     raise UnsupportedImageError(f"image too large: {img.width}x{img.height} pixels (limit {MAX_PIXELS})")
-                arr, mode = dp.read_wide(p, how)
+                arr, mode, kept = dp.read_wide(p, how)
                 src = from_deep(arr, mode)
-                src.metadata = md.read(img)
+                src.metadata = kept
                 return src
             if wide:
                 raise UnsupportedImageError(f"{wide} samples are not supported: 16-bit colour is read from PNG and "

@@ -410,6 +410,18 @@ def test_decoder_knows_a_constant_earlier_channel():
     assert np.array_equal(dc.pop(m, hi, bits), lo) and m.is_empty()
 
 
+def test_metadata_after_the_pixels_is_read(tmp_path):
+    """A 48-bit PNG's text chunk after its IDAT is kept, as for an 8-bit PNG (Pillow reads it on load)."""
+    arr = RNG.integers(0, 65536, (5, 6, 3), dtype=np.uint16)
+    png = png16_by_hand(arr, False)
+    text = b"tEXt" + b"Comment\0after the pixels"
+    i = png.rindex(b"IEND") - 4
+    p = tmp_path / "t.png"
+    p.write_bytes(png[:i] + struct.pack(">I", len(text) - 4) + text + struct.pack(">I", zlib.crc32(text)) + png[i:])
+    src = images.load_image(p)
+    assert src.metadata.get("text") == [["Comment", "after the pixels"]] and np.array_equal(images.to_array(src), arr)
+
+
 def test_written_png_keeps_metadata(tmp_path):
     arr = smooth16(8, 9, 3)
     src = images.from_array(arr)
