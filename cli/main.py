@@ -309,8 +309,8 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
 @cli.command()
 @click.argument("input", type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png) or, for several images, a "
-                   "directory.")
+              help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png or .tif) or, for several "
+                   "images, a directory.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
@@ -339,8 +339,9 @@ def decompress(input, output, model, device, jobs, force, quiet):
     for t, mode in zip(targets, modes):
         if t.suffix.lower() not in images.LOSSLESS_SAVE:
             raise UsageError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")
-        if mode in deep.MODES and images.LOSSLESS_SAVE[t.suffix.lower()] != "PNG":
-            raise UsageError(f"{t.name}: the image is 16-bit ({mode}): the output must be a .png")
+        if mode in deep.MODES and images.LOSSLESS_SAVE[t.suffix.lower()] not in deep.WRITTEN_AS[mode]:
+            raise UsageError(f"{t.name}: the image is 16-bit ({mode}): the output must be "
+                             f"{' or '.join('.' + f.lower().replace('tiff', 'tif') for f in deep.WRITTEN_AS[mode])}")
         if t.parent != output or output.exists():
             _check_output(t, force, [input])
     m = None  # a seed-only file decodes without a model (--model is then not needed, and unused)

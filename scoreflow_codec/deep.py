@@ -1,4 +1,4 @@
-"""16-bit images: their samples as an 8-bit image plus low bits; 48/64-bit PNGs and TIFFs read, PNGs written.
+"""16-bit images: their samples as an 8-bit image plus low bits; 48/64-bit PNGs and TIFFs read and written.
 
 The codec's model and seed codec code 8-bit planes. A 16-bit image (`images.SourceImage` of mode
 "L;16", "LA;16", "RGB;16" or "RGBA;16") is coded as the 8-bit image of its samples' high bits plus
@@ -19,7 +19,8 @@ TIFF as 8-bit RGB / RGBA, keeping the high bytes; `read_wide` has Pillow's decod
 rows twice, the high bytes and then the low ones (PNG's unfiltering and Adam7, TIFF's strips,
 tiles, compression and predictor are the same either way).
 `encode_png` writes a 16-bit PNG: the chunks Pillow writes for the metadata (metadata.save_options)
-around our own 16-bit IHDR and IDAT.
+around our own 16-bit IHDR and IDAT; `encode_tiff` a 16-bit TIFF of our own layout (Pillow writes
+only 16-bit grey).
 """
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ from . import metadata as md
 from .coding import deep_codec
 from .coding.ans import Message
 from .coding.distributions import uniform
-from .errors import BadFileError
+from .errors import BadFileError, UnsupportedImageError
 
 MODES = {"L;16": 1, "LA;16": 2, "RGB;16": 3, "RGBA;16": 4}  # 16-bit modes and their channels
 BASE_MODE = {"L;16": "L", "LA;16": "LA", "RGB;16": "RGB", "RGBA;16": "RGBA"}
+WRITTEN_AS = {m: ("PNG",) if m == "LA;16" else ("PNG", "TIFF") for m in MODES}  # the formats a 16-bit image is written in
 _PNG_COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}
 
 
@@ -264,3 +266,56 @@ def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byte
             out.append(_chunk(kind, data))
     return b"".join(out)
 
+
+TIFF_STRIP_BYTES = 1 << 16  # about this many bytes of samples per strip
+# TIFF field types: (code, struct letter)
+_SHORT, _LONG, _RATIONAL, _UNDEFINED = (3, "H"), (4, "I"), (5, "II"), (7, "B")
+
+
+def encode_tiff(arr: np.ndarray, mode: str, metadata: dict | None = None) -> bytes:
+    """A 16-bit TIFF of uint16 [H, W, C] (grey, RGB or RGBA): little-endian, strips of about
+    TIFF_STRIP_BYTES compressed with Deflate after horizontal differencing (predictor 2), with the ICC
+    profile and the resolution where `metadata` has them (what metadata.save_options keeps in a TIFF).
+    Grey + alpha is refused: Pillow, and so this package, cannot read such a TIFF back."""
+    h, w = arr.shape[:2]
+    c = MODES[mode]
+    if "TIFF" not in WRITTEN_AS[mode]:
+        raise UnsupportedImageError(f"a 16-bit {mode} image can only be written as .png")
+    if arr.dtype != np.uint16 or arr.shape != (h, w, c):
+        raise ValueError(f"expected uint16 [H, W, {c}], got {arr.dtype} {arr.shape}")
+    md_ = metadata or {}
+    rows = max(1, TIFF_STRIP_BYTES // (2 * w * c))
+    diff = arr.astype(np.int32)
+    diff[:, 1:] -= arr[:, :-1]  # each sample minus the same channel's to its left, modulo 2**16
+    raw = (diff & 0xFFFF).astype("<u2")
+    strips = [zlib.compress(raw[y:y + rows].tobytes(), 6) for y in range(0, h, rows)]
+    entries = [(256, _LONG, [w]), (257, _LONG, [h]), (258, _SHORT, [16] * c), (259, _SHORT, [8]),
+               (262, _SHORT, [1 if c == 1 else 2]), (273, _LONG, [0] * len(strips)), (277, _SHORT, [c]),
+               (278, _LONG, [rows]), (279, _LONG, [len(b) for b in strips]), (284, _SHORT, [1]),
+               (317, _SHORT, [2])]
+    if c == 4:
+        entries.append((338, _SHORT, [2]))  # the fourth sample: unassociated alpha
+    if "dpi" in md_:
+        x, y = (max(1, round(float(v) * 10000)) for v in md_["dpi"])
+        entries += [(282, _RATIONAL, [x, 10000]), (283, _RATIONAL, [y, 10000]), (296, _SHORT, [2])]
+    if "icc" in md_:
+        entries.append((34675, _UNDEFINED, list(md_["icc"])))
+    entries.sort()
+    data = b"".join(strips)
+    offsets = list(np.cumsum([8] + [len(b) for b in strips[:-1]]).tolist())
+    entries = [(t, typ, offsets if t == 273 else v) for t, typ, v in entries]
+    extra, ifd_entries = b"", []
+    extra_at = 8 + len(data)
+    for tag, (code, letter), values in entries:
+        n = len(values) // 2 if letter == "II" else len(values)
+        packed = struct.pack(f"<{len(values)}{letter[0]}", *values)
+        if len(packed) <= 4:
+            ifd_entries.append(struct.pack("<HHI", tag, code, n) + packed.ljust(4, b"\0"))
+        else:
+            if (extra_at + len(extra)) % 2:  # values start on a word boundary
+                extra += b"\0"
+            ifd_entries.append(struct.pack("<HHII", tag, code, n, extra_at + len(extra)))
+            extra += packed
+    ifd_at = extra_at + len(extra) + (extra_at + len(extra)) % 2
+    ifd = struct.pack("<H", len(ifd_entries)) + b"".join(ifd_entries) + struct.pack("<I", 0)
+    return b"II*\0" + struct.pack("<I", ifd_at) + data + extra + b"\0" * (ifd_at - extra_at - len(extra)) + ifd

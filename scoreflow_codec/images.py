@@ -16,7 +16,7 @@ Modes coded:
                                     (api.choose_palette_coding)
   L;16, LA;16, RGB;16, RGBA;16  -> 16-bit images (grey PNG / TIFF, 48/64-bit PNG / TIFF): the 8-bit image of
                                     their high bits as above, the low bits in their own section
-                                    (deep.py); `to_array` gives them, `encode_source` writes a PNG
+                                    (deep.py); `to_array` gives them, `encode_source` writes a PNG or TIFF
 Refused with a clear message: 32-bit / float (I, F), 16-bit colour other than PNG and TIFF (or a
 TIFF of several pictures or planes), 16-bit images with a transparent colour, CMYK, YCbCr, LAB, HSV,
 premultiplied (RGBa, La), animations, and anything Pillow can't open.
@@ -360,11 +360,15 @@ def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) ->
 
 
 def encode_source(src: SourceImage, suffix: str) -> bytes:
-    """encode_image of the restored image with its metadata; a 16-bit image only as a PNG."""
+    """encode_image of the restored image with its metadata; a 16-bit image only as a PNG or a TIFF
+    (grey + alpha: PNG only)."""
     if src.deep:
-        if LOSSLESS_SAVE.get(suffix.lower()) != "PNG":
-            raise UnsupportedImageError(f"a 16-bit image can only be written as .png, not {suffix!r}")
-        return dp.encode_png(to_array(src), src.mode, src.metadata)
+        fmt = LOSSLESS_SAVE.get(suffix.lower())
+        if fmt not in dp.WRITTEN_AS[src.mode]:
+            raise UnsupportedImageError(f"a 16-bit {src.mode} image can only be written as "
+                                        f"{' or '.join(dp.WRITTEN_AS[src.mode])}, not {suffix!r}")
+        write = dp.encode_tiff if fmt == "TIFF" else dp.encode_png
+        return write(to_array(src), src.mode, src.metadata)
     return encode_image(to_pil(src), suffix, src.metadata)
 
 

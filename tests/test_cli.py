@@ -442,11 +442,16 @@ def test_16_bit_round_trip(model_a, tmp_path, ct, c):
     info = sfcodec("info", sfc).stdout
     assert "v6" in info and {1: "L;16", 2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}[c] in info and "16-bit" in info
     before = listing(tmp_path)
-    assert_error(sfcodec("decompress", sfc, "-o", tmp_path / "back.tif"), EXIT["usage"], "16-bit", ".png")
+    refused = [".webp", ".bmp"] + ([".tif"] if c == 2 else [])  # grey + alpha: a TIFF Pillow cannot read back
+    for suffix in refused:
+        assert_error(sfcodec("decompress", sfc, "-o", tmp_path / f"back{suffix}"), EXIT["usage"], "16-bit", ".png")
     assert listing(tmp_path) == before
     assert_ok(sfcodec("decompress", sfc, "-o", out, "--model", model_a, "-q"))
     assert np.array_equal(images.to_array(images.load_image(out)), images.to_array(images.load_image(src)))
     assert np.array_equal(images.to_array(images.load_image(out)).reshape(arr.shape), arr)
+    if c != 2:  # and as a 16-bit TIFF
+        assert_ok(sfcodec("decompress", sfc, "-o", tmp_path / "back.tif", "--model", model_a, "-q"))
+        assert np.array_equal(images.to_array(images.load_image(tmp_path / "back.tif")).reshape(arr.shape), arr)
     v = sfcodec("verify", src, "--model", model_a, "--steps", STEPS["chain"])
     assert_ok(v)
     assert "identical" in v.stdout + v.stderr

@@ -443,11 +443,34 @@ def test_written_png_keeps_metadata(tmp_path):
     assert np.array_equal(images.to_array(back), arr)
 
 
-def test_16_bit_images_only_as_png():
+@pytest.mark.parametrize("c", [1, 3, 4])
+def test_written_tiff_is_a_16_bit_tiff(tmp_path, c):
+    """decompress's 16-bit TIFF (Deflate, the predictor, strips): read back whole by us and by libtiff,
+    with its ICC profile and resolution; Pillow alone gives the high bytes."""
+    arr = RNG.integers(0, 65536, (37, 301, c), dtype=np.uint16)  # several strips
+    src = images.from_array(arr)
+    src.metadata = {"icc": bytes(range(77)), "dpi": [300.0, 150.0], "text": [["Title", "not in a TIFF"]]}
+    data = images.encode_source(src, ".tif")
+    p = tmp_path / "w.tif"
+    p.write_bytes(data)
+    back = images.load_image(p)
+    assert back.mode == MODES[c] and np.array_equal(images.to_array(back), arr)
+    assert back.metadata == {"icc": bytes(range(77)), "dpi": [300.0, 150.0]}  # what a TIFF holds (the rest: a warning)
+    assert images.metadata_dropped(src.metadata, ".tif") == ["PNG text"]
+    seen = np.asarray(Image.open(p))
+    assert np.array_equal(seen, arr[..., 0] if c == 1 else (arr >> 8).astype(np.uint8))
+    imagecodecs = pytest.importorskip("imagecodecs", reason="imagecodecs (the test extra) reads TIFFs with libtiff")
+    assert np.array_equal(imagecodecs.tiff_decode(data).reshape(arr.shape), arr)
+
+
+def test_16_bit_images_only_as_png_or_tiff():
     src = images.from_array(smooth16(4, 4, 3))
-    for suffix in (".tif", ".webp", ".bmp", ".ppm"):
+    for suffix in (".webp", ".bmp", ".ppm"):
         with pytest.raises(UnsupportedImageError, match="16-bit"):
             images.encode_source(src, suffix)
+    la = images.from_array(smooth16(4, 4, 2))
+    with pytest.raises(UnsupportedImageError, match="only be written as PNG"):
+        images.encode_source(la, ".tif")
     with pytest.raises(UnsupportedImageError, match="to_array"):
         images.to_pil(src)
 
