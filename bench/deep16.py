@@ -2,7 +2,7 @@
 
     python bench/deep16.py                       # the 24 Kodak images, made 16-bit (below), --fallback auto
     python bench/deep16.py --limit 4 --fallback seed
-    python bench/deep16.py --folder my16bit/     # 16-bit PNGs of your own, as they are
+    python bench/deep16.py --folder my16bit/     # 16-bit PNGs and TIFFs of your own, as they are
 
 No 16-bit photographs are in ../shared/data, so by default the set is made from the Kodak images (the
 photo model's test set: it never trained on them), as a raw developer's output would be: each image
@@ -13,7 +13,7 @@ the codec reduces to their table of values (deep.py).
 
 Sizes are bits per sample (bits/dim) of the 16-bit images: PNG (imagecodecs, zlib level 9), JPEG-XL
 (imagecodecs' libjxl, lossless, effort 9, one thread), sfc (api.compress of the PNG as `sfcodec
-compress` reads it: --fallback auto with the photo model by default, or the seed codec alone), with
+compress` reads it: --fallback auto with the model `--model auto` picks by size, or the seed codec alone), with
 its low-bit section apart, encode and decode seconds. Writes a Markdown table and a JSON file to --out.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def make16(path: Path, scale: float, kind: str, size: tuple[int, int] | None = N
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--folder", type=Path, default=None, help="16-bit PNGs to measure as they are")
+    ap.add_argument("--folder", type=Path, default=None, help="16-bit PNGs and TIFFs to measure as they are")
     ap.add_argument("--kind", choices=["dense", "twelve"], default="dense")
     ap.add_argument("--scale", type=float, default=0.5, help="resize factor of the Kodak images (default 0.5)")
     ap.add_argument("--limit", type=int, default=None)
@@ -59,17 +59,18 @@ def main(argv=None) -> int:
         import imagecodecs
     except ImportError:
         raise SystemExit("deep16: needs imagecodecs (pip install -e '.[bench]')")
-    from scoreflow_codec import api, images, zoo
+    from bench.scoreflow_runner import load_model, resolve_model
+    from scoreflow_codec import api, images
 
     if args.folder:
-        paths = sorted(args.folder.glob("*.png"))
+        paths = sorted(p for p in args.folder.iterdir() if p.suffix.lower() in (".png", ".tif", ".tiff"))
     else:
         kodak = DATA / "kodak"
         if not kodak.is_dir():
             raise SystemExit(f"deep16: {kodak} is missing (set SFC_SHARED_DATA)")
         paths = sorted(kodak.glob("kodim*.png"))
     paths = paths[: args.limit]
-    model = None if args.fallback == "seed" else zoo.load_model("photo")
+    models: dict = {}  # the models --model auto picks by size, each loaded once
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in paths:
@@ -89,6 +90,10 @@ def main(argv=None) -> int:
             jxl = imagecodecs.jpegxl_encode(arr, lossless=True, effort=9, numthreads=1)
             jxl_s = time.perf_counter() - t
             assert np.array_equal(np.asarray(imagecodecs.jpegxl_decode(jxl)).reshape(arr.shape), arr)
+            model = None
+            if args.fallback != "seed":
+                name = resolve_model("auto", [src.size])
+                model = models[name] if name in models else models.setdefault(name, load_model(name, "cpu"))
             t = time.perf_counter()
             data, rep = api.compress([src], model, fallback=args.fallback)
             enc_s = time.perf_counter() - t

@@ -367,6 +367,10 @@ def test_deep16_bench(tmp_path, capsys):
     assert row["identical"] and row["deep"] == {"shift": 0, "table": 0, "low": 8}
     assert 0 < row["sfc_low_bpd"] < row["sfc_bpd"] and row["png_bpd"] > 0 and row["jxl_bpd"] > 0
     assert "| a.png | 40x24 |" in (tmp_path / "out" / "deep16.md").read_text()
+    (folder / "b.png").unlink()  # --fallback auto: the model sfcodec picks (cifar10 for a 40x24 image)
+    assert deep16(["--folder", str(folder), "--out", str(tmp_path / "out2"), "--limit", "1"]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "out2" / "deep16.json").read_text())["rows"][0]["identical"]
     Image.fromarray(_image(3, 72, 80)).save(tmp_path / "c.png")
     assert large_image(["--image", str(tmp_path / "c.png"), "--size", "80x72", "--threads", "1", "--no-progress",
                         "--bits", "16", "--fallback", "seed"]) == 0
