@@ -82,6 +82,17 @@ def _at(ys: np.ndarray, xs: np.ndarray, h: int, w: int) -> dict[str, tuple[np.nd
     return {k: (np.clip(ys + dy, 0, h - 1), np.clip(xs + dx, 0, w - 1)) for k, (dy, dx) in OFFSETS.items()}
 
 
+def _gather(c: int, where: dict, read, cen: np.ndarray) -> dict[str, np.ndarray]:
+    """Channel c's `nb` at pixels whose neighbours are `where` (_at): its own neighbours, and for the
+    CROSS channels before it their value at the pixel, bin centre, N and W; read(j, q): channel j's
+    values at q as the decoder has them (the encoder's _Picture.seen, the decoder's picture)."""
+    nb = {k: read(c, q) for k, q in where.items()}
+    for d in range(1, min(c, CROSS) + 1):
+        nb.update({f"X{d}": read(c - d, where["C"]), f"C{d}": cen[c - d][where["C"]],
+                   f"N{d}": read(c - d, where["N"]), f"W{d}": read(c - d, where["W"])})
+    return nb
+
+
 def med(nb: dict[str, np.ndarray]) -> np.ndarray:
     """LOCO-I's median edge detector on N, W, NW."""
     n, w, nw = nb["N"], nb["W"], nb["NW"]
@@ -272,12 +283,8 @@ class _Picture:
     def neighbours(self, c: int, idx: np.ndarray) -> dict[str, np.ndarray]:
         """What the decoder's `nb` holds for channel c at the pixels idx (flat indices)."""
         ys, xs = np.divmod(idx, self.w)
-        where, tp = _at(ys, xs, self.h, self.w), xs + 2 * ys
-        nb = {k: self.seen(c, q, c, tp) for k, q in where.items()}
-        for d in range(1, min(c, CROSS) + 1):
-            nb.update({f"X{d}": self.seen(c - d, where["C"], c, tp), f"C{d}": self.cen[c - d][where["C"]],
-                       f"N{d}": self.seen(c - d, where["N"], c, tp), f"W{d}": self.seen(c - d, where["W"], c, tp)})
-        return nb
+        tp = xs + 2 * ys
+        return _gather(c, _at(ys, xs, self.h, self.w), lambda j, q: self.seen(j, q, c, tp), self.cen)
 
 
 def _fit(pic: _Picture, c: int, bits: int) -> tuple[_Channel, np.ndarray, np.ndarray]:
@@ -363,10 +370,7 @@ def pop(m: Message, hi: np.ndarray, bits: int) -> np.ndarray:
     for ys, xs in _wavefronts(h, w):
         where = _at(ys, xs, h, w)
         for c in coded:  # in order: a channel sees the ones before it at this pixel
-            nb = {k: v[c][q] for k, q in where.items()}
-            for d in range(1, min(c, CROSS) + 1):
-                nb.update({f"X{d}": v[c - d][where["C"]], f"C{d}": cen[c - d][where["C"]],
-                           f"N{d}": v[c - d][where["N"]], f"W{d}": v[c - d][where["W"]]})
+            nb = _gather(c, where, lambda j, q: v[j][q], cen)
             base = hi[c, ys, xs].astype(np.int64) << bits
             p_lo = np.clip(chans[c].predict(nb) - base, 0, top)
             x = categorical(tab[c * CONTEXTS + activity(nb), top - p_lo]).pop(m)
