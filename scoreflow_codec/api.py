@@ -841,7 +841,7 @@ def _validate_fields(h: dict) -> None:
     metadata.check_entries([v["kept"] for v in meta.values() if "kept" in v])  # what the section holds
     for _, _, mode, m in expand_images(h):
         if mode in deep.MODES:
-            deep.check(m.get("deep"), imgs.channels_of(mode))
+            deep.check(m.get("deep"))
         elif "deep" in m:
             raise BadFileError("corrupt header: a 16-bit description on an 8-bit image")
     _validate_coding(h)

@@ -93,8 +93,8 @@ def join(hi: np.ndarray, lo: np.ndarray | None, table: np.ndarray | None, deep: 
     return u.astype(np.uint16)
 
 
-def check(deep, channels: int) -> None:
-    """BadFileError unless `deep` is a header's valid meta["deep"] for an image of `channels`."""
+def check(deep) -> None:
+    """BadFileError unless `deep` is a header's valid meta["deep"]."""
     ok = isinstance(deep, dict)
     if ok and "x257" in deep:
         ok = deep == {"x257": 1}
@@ -168,7 +168,7 @@ def wide_colour(img: Image.Image) -> tuple[str, str, str] | None:
     """How to read a 48/64-bit colour PNG or TIFF (a 32-bit grey + alpha PNG) whole, which Pillow hands
     over as 8-bit (the high bytes): (its raw mode, the Pillow mode and raw mode that unpack the same
     decoded rows' low bytes instead), else None."""
-    raws = {_rawmode(t) for t in getattr(img, "tile", None) or []}
+    raws = {rawmode(t) for t in getattr(img, "tile", None) or []}
     if img.format not in ("PNG", "TIFF") or len(raws) != 1:  # every strip or tile alike
         return None
     raw = raws.pop()
@@ -181,7 +181,8 @@ def wide_colour(img: Image.Image) -> tuple[str, str, str] | None:
     return raw, base, f"{base};16{'B' if order == 'L' else 'L'}"  # the other byte of each sample
 
 
-def _rawmode(tile) -> str:
+def rawmode(tile) -> str:
+    """The raw mode a Pillow tile's decoder unpacks with ("" where it names none)."""
     args = tile[3] if len(tile) > 3 else None
     return str(args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else "")
 

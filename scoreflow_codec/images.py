@@ -120,6 +120,17 @@ def from_deep(arr: np.ndarray, mode: str) -> SourceImage:
     return SourceImage(mode, np.ascontiguousarray(hi[:cc]), extra, meta, low=lo, table=table)
 
 
+def _check_size(w: int, h: int) -> None:
+    if w * h > MAX_PIXELS:
+        raise UnsupportedImageError(f"image too large: {w}x{h} pixels (limit {MAX_PIXELS})")
+
+
+def _no_transparent_colour(img: Image.Image) -> None:
+    """A 16-bit image's tRNS colour is refused (grey through Pillow, colour read by deep.read_wide)."""
+    if "transparency" in img.info:
+        raise UnsupportedImageError("16-bit images with a transparent colour (tRNS) are not supported")
+
+
 def _pixels_from_pil(img: Image.Image) -> SourceImage:
     """The pixels of a Pillow image, refusing what can't be coded losslessly."""
     if getattr(img, "is_animated", False) and getattr(img, "n_frames", 1) > 1:
@@ -131,12 +142,10 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
     w, h = img.size
     if w < 1 or h < 1:
         raise BadImageError("image has no pixels")
-    if w * h > MAX_PIXELS:
-        raise UnsupportedImageError(f"image too large: {w}x{h} pixels (limit {MAX_PIXELS})")
+    _check_size(w, h)
     meta: dict = {}
     if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-        if "transparency" in img.info:
-            raise UnsupportedImageError("16-bit images with a transparent colour (tRNS) are not supported")
+        _no_transparent_colour(img)
         return from_deep(np.asarray(img).astype(np.uint16)[:, :, None], "L;16")
     if mode in ("I", "F", "I;32"):
         raise UnsupportedImageError(f"{mode} images (32-bit or float) are not supported: 8 or 16 bits per channel")
@@ -216,11 +225,10 @@ def _wide_rawmode(img: Image.Image) -> str | None:
     """The raw mode of a file with 16-bit samples that Pillow would hand over as 8-bit RGB / RGBA /
     LA (a 48-bit PNG opens as "RGB", keeping the high bytes only), else None."""
     for tile in getattr(img, "tile", None) or []:
-        args = tile[3] if len(tile) > 3 else None
-        raw = args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else ""
-        base, _, bits = str(raw).partition(";")
+        raw = dp.rawmode(tile)
+        base, _, bits = raw.partition(";")
         if base in ("RGB", "RGBA", "RGBX", "LA", "L") and bits.rstrip("BLN") in ("16", "32"):
-            return str(raw)
+            return raw
     return None
 
 
@@ -233,11 +241,10 @@ def load_image(path: str | os.PathLike) -> SourceImage:
     try:
         with Image.open(p) as img:
             wide, how = _wide_rawmode(img), dp.wide_colour(img)
-            if how and "transparency" in img.info:
-                raise UnsupportedImageError("16-bit images with a transparent colour (tRNS) are not supported")
+            if how:
+                _no_transparent_colour(img)
             if how and not getattr(img, "n_frames", 1) > 1:
-                if img.width * img.height > MAX_PIXELS:
-                    raise UnsupportedImageError(f"image too large: {img.width}x{img.height} pixels (limit {MAX_PIXELS})")
+                _check_size(*img.size)
                 arr, mode, kept = dp.read_wide(p, how)
                 src = from_deep(arr, mode)
                 src.metadata = kept
@@ -260,7 +267,7 @@ def from_array(arr: np.ndarray) -> SourceImage:
     arr = np.asarray(arr)
     if arr.dtype == np.uint16:
         a3 = arr[:, :, None] if arr.ndim == 2 else arr
-        mode = {1: "L;16", 2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}.get(a3.shape[2]) if a3.ndim == 3 else None
+        mode = {c: m for m, c in dp.MODES.items()}.get(a3.shape[2]) if a3.ndim == 3 else None
         if mode is None or 0 in a3.shape:
             raise UnsupportedImageError(f"array of shape {arr.shape} is not an image")
         return from_deep(a3, mode)
