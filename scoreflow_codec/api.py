@@ -362,7 +362,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
     if sum(s.size[0] * s.size[1] for s in sources) > MAX_TOTAL_PIXELS:
         raise SfcError(f"too many pixels for one file (limit {MAX_TOTAL_PIXELS}); split the images over several files")
     _check_arith(arith, None if seed_alone else device)
-    low, _ = low_section(sources)  # 16-bit images' low bits: their own section, whatever codes the rest
+    low = low_section(sources)  # 16-bit images' low bits: their own section, whatever codes the rest
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
     if seed_alone:  # a seed-only file's header names no model and no setup (_pack)
         codec, head = stream.NO_MODEL, {"codec": __version__, "mode": mode}
@@ -733,14 +733,16 @@ def _pack(head: dict, settings: dict, ss: stream.StreamSettings, payload: np.nda
     return container.pack(header, payload, section=section, low_words=low)
 
 
-def low_section(sources: list[imgs.SourceImage]) -> tuple[np.ndarray | None, float]:
-    """(uint32 ANS words, predicted bits) of the 16-bit images' low bits and tables (deep.push_image,
-    the images in order); (None, 0) where no image is 16-bit."""
+def low_section(sources: list[imgs.SourceImage]) -> np.ndarray | None:
+    """The uint32 ANS words of the 16-bit images' low bits and tables (deep.push_image, the images in
+    order); None where no image is 16-bit."""
     if not any(s.deep for s in sources):
-        return None, 0.0
+        return None
     m = Message()
-    bits = sum(deep.push_image(m, s.high_planes(), s.low, s.table, s.meta["deep"]) for s in reversed(sources) if s.deep)
-    return m.words(), bits
+    for s in reversed(sources):
+        if s.deep:
+            deep.push_image(m, s.high_planes(), s.low, s.table, s.meta["deep"])
+    return m.words()
 
 
 def _pop_low(sources: list[imgs.SourceImage], low: np.ndarray | None) -> None:
