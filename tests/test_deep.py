@@ -1,8 +1,9 @@
 """16-bit images (deep.py, coding/deep_codec.py): the split into high and low bits, the low-bit codec,
 48/64-bit PNGs read and written, the codec's round trip and file format version 6, damage refused.
 
-The PNG reader is checked on files this module writes by the PNG specification (every filter type,
-Adam7 interlacing), and against imagecodecs' libpng where it is installed; the low-bit codec's
+The PNG and TIFF readers are checked on files written by hand by the specifications (deep_files.py:
+every PNG filter type, Adam7 interlacing; TIFF byte orders, strips, Deflate, the predictor), and
+against imagecodecs' libpng and libtiff where it is installed; the low-bit codec's
 contexts against a pixel-by-pixel reference written from its docstring."""
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from scoreflow_codec.coding import deep_codec as dc
 from scoreflow_codec.coding.ans import Message
 from scoreflow_codec.coding.distributions import categorical
 from scoreflow_codec.errors import BadFileError, DecodeMismatchError, SfcError, UnsupportedImageError
+from deep_files import png16_by_hand, tiff16_by_hand, with_chunk
 
 RNG = np.random.default_rng(16)
 
@@ -241,97 +243,7 @@ def test_garbage_words_decode_to_something():
 # --- PNG files ----------------------------------------------------------------------------------------
 
 
-def _filter_row(kind: int, row: np.ndarray, prev: np.ndarray, bpp: int) -> np.ndarray:
-    x, out = row.astype(np.int64), np.zeros(len(row), np.int64)
-    for i in range(len(row)):
-        a = x[i - bpp] if i >= bpp else 0
-        b = int(prev[i])
-        c = int(prev[i - bpp]) if i >= bpp else 0
-        if kind == 0:
-            pred = 0
-        elif kind == 1:
-            pred = a
-        elif kind == 2:
-            pred = b
-        elif kind == 3:
-            pred = (a + b) // 2
-        else:
-            p = a + b - c
-            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-            pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
-        out[i] = (x[i] - pred) % 256
-    return out.astype(np.uint8)
-
-
-ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]  # x0, y0, dx, dy
-
-
-def png16_by_hand(arr: np.ndarray, interlace: bool, seed: int = 0) -> bytes:
-    """A 16-bit PNG as the specification lays it out, each row with a random filter type."""
-    h, w, c = arr.shape
-    rng = np.random.default_rng(seed)
-    bpp = 2 * c
-    raw = bytearray()
-    passes = ADAM7 if interlace else [(0, 0, 1, 1)]
-    for x0, y0, dx, dy in passes:
-        sub = arr[y0::dy, x0::dx]
-        if sub.size == 0:
-            continue
-        rows = np.ascontiguousarray(sub, dtype=">u2").view(np.uint8).reshape(sub.shape[0], -1)
-        prev = np.zeros(rows.shape[1], np.uint8)
-        for r in rows:
-            kind = int(rng.integers(0, 5))
-            raw += bytes([kind]) + _filter_row(kind, r, prev, bpp).tobytes()
-            prev = r
-
-    def chunk(t, d):
-        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    ihdr = struct.pack(">IIBBBBB", w, h, 16, {1: 0, 2: 4, 3: 2, 4: 6}[c], 0, 0, int(interlace))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b"")
-
-
 MODES = {1: "L;16", 2: "LA;16", 3: "RGB;16", 4: "RGBA;16"}
-
-
-def tiff16_by_hand(arr: np.ndarray, compression: int = 1, predictor: int = 1, endian: str = "<",
-                   rows_per_strip: int | None = None) -> bytes:
-    """A 16-bit grey / 48-bit RGB / 64-bit RGBA TIFF as TIFF 6.0 lays it out: strips of rows_per_strip
-    rows, uncompressed (1) or Deflate (8), with horizontal differencing (predictor 2) or not."""
-    h, w, c = arr.shape
-    rps = rows_per_strip or h
-    strips = []
-    for y0 in range(0, h, rps):
-        block = arr[y0:y0 + rps].astype(np.int64)
-        if predictor == 2:  # each sample minus its left neighbour, modulo 2**16
-            block[:, 1:] = (block[:, 1:] - arr[y0:y0 + rps, :-1]) % 65536
-        raw = block.astype(endian + "u2").tobytes()
-        strips.append(zlib.compress(raw) if compression == 8 else raw)
-    offsets = list(np.cumsum([8] + [len(b) for b in strips[:-1]]))
-    blob_at = 8 + sum(len(b) for b in strips)  # after the strips: BitsPerSample, StripOffsets, StripByteCounts
-    arrays = {258: [16] * c, 273: offsets, 279: [len(b) for b in strips]}
-    blobs, where = b"", {}
-    for tag, values in arrays.items():
-        typ = 3 if tag == 258 else 4
-        where[tag] = blob_at + len(blobs)
-        blobs += struct.pack(endian + f"{len(values)}{'H' if typ == 3 else 'I'}", *values)
-    tags = {256: (3, [w]), 257: (3, [h]), 258: (3, arrays[258]), 259: (3, [compression]), 262: (3, [2 if c >= 3 else 1]),
-            273: (4, offsets), 277: (3, [c]), 278: (3, [rps]), 279: (4, arrays[279])}
-    if c == 4:
-        tags[338] = (3, [2])  # ExtraSamples: unassociated alpha
-    if predictor == 2:
-        tags[317] = (3, [2])
-    entries = b""
-    for tag in sorted(tags):
-        typ, values = tags[tag]
-        size = 2 if typ == 3 else 4
-        if len(values) * size <= 4:  # the values in the entry, left-justified
-            inline = struct.pack(endian + f"{len(values)}{'H' if typ == 3 else 'I'}", *values).ljust(4, b"\0")
-            entries += struct.pack(endian + "HHI", tag, typ, len(values)) + inline
-        else:
-            entries += struct.pack(endian + "HHII", tag, typ, len(values), where[tag])
-    ifd = struct.pack(endian + "H", len(tags)) + entries + struct.pack(endian + "I", 0)
-    head = (b"II*\0" if endian == "<" else b"MM\0*") + struct.pack(endian + "I", blob_at + len(blobs))
-    return head + b"".join(strips) + blobs + ifd
 
 
 @pytest.mark.parametrize("compression,predictor", [(1, 1), (8, 1), (8, 2)], ids=["raw", "deflate", "deflate_pred"])
@@ -413,11 +325,8 @@ def test_decoder_knows_a_constant_earlier_channel():
 def test_metadata_after_the_pixels_is_read(tmp_path):
     """A 48-bit PNG's text chunk after its IDAT is kept, as for an 8-bit PNG (Pillow reads it on load)."""
     arr = RNG.integers(0, 65536, (5, 6, 3), dtype=np.uint16)
-    png = png16_by_hand(arr, False)
-    text = b"tEXt" + b"Comment\0after the pixels"
-    i = png.rindex(b"IEND") - 4
     p = tmp_path / "t.png"
-    p.write_bytes(png[:i] + struct.pack(">I", len(text) - 4) + text + struct.pack(">I", zlib.crc32(text)) + png[i:])
+    p.write_bytes(with_chunk(png16_by_hand(arr, False), b"tEXt", b"Comment\0after the pixels", before=b"IEND"))
     src = images.load_image(p)
     assert src.metadata.get("text") == [["Comment", "after the pixels"]] and np.array_equal(images.to_array(src), arr)
 
@@ -478,10 +387,7 @@ def test_16_bit_images_only_as_png_or_tiff():
 def test_what_16_bit_input_is_refused(tmp_path):
     p = tmp_path / "t.png"
     arr = RNG.integers(0, 65536, (4, 4, 3), dtype=np.uint16)
-    png = png16_by_hand(arr, False)
-    trns = struct.pack(">I", 6) + b"tRNS" + b"\0\1\0\2\0\3" + struct.pack(">I", zlib.crc32(b"tRNS\0\1\0\2\0\3"))
-    i = png.index(b"IDAT") - 4
-    p.write_bytes(png[:i] + trns + png[i:])
+    p.write_bytes(with_chunk(png16_by_hand(arr, False), b"tRNS", b"\0\1\0\2\0\3", before=b"IDAT"))
     with pytest.raises(UnsupportedImageError, match="transparent colour"):
         images.load_image(p)
     two = tmp_path / "two.tif"  # a 16-bit TIFF of two pictures
