@@ -1,5 +1,6 @@
-"""Worker processes: the independent parts of a seed-only stream (stream.seed_parts, 0.9.26), and
-a seed codec encoder's first least-squares option beside the others (seed_codec._analysis, 0.9.27).
+"""Worker processes: the independent parts of a seed-only stream (stream.seed_parts, 0.9.26), a
+seed codec encoder's first least-squares option beside the others (seed_codec._analysis, 0.9.27),
+and sfcodec's files coded each alone (`-d`, cli/batch.py, 0.9.29: `each`).
 
 A large photograph's seed codec file is coded in blocks of up to 1024x1024 pixels, each alone; from
 0.9.26 each part (a block, or consecutive small ones) is its own ANS stack, so the parts are coded
@@ -99,19 +100,31 @@ def _context():
     return multiprocessing.get_context("fork" if forks() else "spawn")
 
 
-def _leave_ctrl_c() -> None:
+def _leave_ctrl_c(threads: int | None = None) -> None:
     """A worker ignores Ctrl-C: the terminal sends it to every process of the group, and the parent,
     which handles it, stops the workers; a worker of its own would print a traceback beside
-    "sfcodec: interrupted" (2 and 3 of 8 interrupted Kodak compresses did, before this)."""
+    "sfcodec: interrupted" (2 and 3 of 8 interrupted Kodak compresses did, before this).
+
+    threads: torch's CPU threads in this worker (several workers share the cores): set before torch
+    loads (OMP_NUM_THREADS, unless the user chose it), or 1 where the worker was forked from a
+    process that had torch loaded already (a forked OpenMP runtime must not start threads again)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threads is None:
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 @contextlib.contextmanager
-def _pool(n: int, advice: str):
+def _pool(n: int, advice: str, threads: int | None = None):
     """A pool of n processes for the scope. A process that dies (killed for memory) is an SfcError
     with `advice`; on any other exception (Ctrl-C among them) the processes are stopped at once, as
-    what they do is no longer wanted; otherwise the scope waits for them to end."""
-    ex = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=_context(), initializer=_leave_ctrl_c)
+    what they do is no longer wanted; otherwise the scope waits for them to end. threads: see
+    _leave_ctrl_c (None: torch's default in each worker)."""
+    ex = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=_context(), initializer=_leave_ctrl_c,
+                                                initargs=(threads,))
     try:
         yield ex
     except BrokenProcessPool:
@@ -142,3 +155,20 @@ def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
         return [fn(*item) for item in items]
     with _pool(min(jobs, len(items)), f"try fewer processes (--jobs, {jobs} now)") as ex:
         return list(ex.map(fn, *zip(*items)))
+
+
+def each(fn: Callable, items: Sequence[tuple], jobs: int):
+    """Yields (i, fn(*items[i])) for every item as each is done, in `jobs` processes where jobs > 1 and
+    there are several items (in this process, in order, otherwise). For independent whole tasks (a
+    file each: sfcodec -d), so fn should catch its own errors and return them: an exception in a
+    worker is raised here and stops the others, as in run. Each worker's torch gets its share of the
+    cores (usable_cores() // jobs threads)."""
+    if jobs <= 1 or len(items) <= 1:
+        for i, item in enumerate(items):
+            yield i, fn(*item)
+        return
+    n = min(jobs, len(items))
+    with _pool(n, f"try fewer processes (--jobs, {jobs} now)", threads=max(1, usable_cores() // n)) as ex:
+        pending = {ex.submit(fn, *item): i for i, item in enumerate(items)}
+        for done in concurrent.futures.as_completed(pending):
+            yield pending[done], done.result()
