@@ -206,21 +206,23 @@ def _read_sfc(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _image_bytes(src, path: Path, quiet: bool) -> bytes:
-    """The output file's bytes, with the image's metadata; a warning names what its format cannot hold."""
+def _image_bytes(src, path: Path, warnings: list[str]) -> bytes:
+    """The output file's bytes, with the image's metadata; a warning (added to warnings) names what its
+    format cannot hold."""
     from scoreflow_codec import images
 
     dropped = images.metadata_dropped(src.metadata, path.suffix)
-    if dropped and not quiet:
-        click.echo(f"sfcodec: warning: {path.name}: {images.LOSSLESS_SAVE[path.suffix.lower()]} cannot hold the "
-                   f"image's {', '.join(dropped)}: not written (a .png keeps them)", err=True)
+    if dropped:
+        warnings.append(f"sfcodec: warning: {path.name}: {images.LOSSLESS_SAVE[path.suffix.lower()]} cannot hold "
+                        f"the image's {', '.join(dropped)}: not written (a .png keeps them)")
     return images.encode_source(src, path.suffix)
 
 
-def _out_name(name: str | None, index: int, n: int) -> str:
+def _out_name(name: str | None, index: int, n: int, suffix: str | None = None) -> str:
+    suffix = suffix or ".png"
     if name:
-        return Path(name).stem + ".png"
-    return f"image_{index:0{max(4, len(str(n)))}d}.png"
+        return Path(name).stem + suffix
+    return f"image_{index:0{max(4, len(str(n)))}d}{suffix}"
 
 
 TILE_OPTION = click.option("--tile", type=click.IntRange(*TILE_RANGE), default=None,
@@ -242,8 +244,13 @@ JOBS_OPTION = click.option(
     "--jobs", type=click.IntRange(min=1), default=None,
     help="Processes for a seed codec file in parts (a photograph above 1024x1024, or several images above "
          "512x512 in all: each part alone, the same bytes whatever the count); compress also makes the seed "
-         "codec's analysis of an image of 256x256 or more in two processes unless this is 1. "
+         "codec's analysis of an image of 256x256 or more in two processes unless this is 1. With -d: the "
+         "files coded at once, each in one process. "
          "Default: every usable core, as many as the available memory holds.")
+OUTPUT_DIR_OPTION = click.option(
+    "-d", "--output-dir", type=click.Path(path_type=Path), default=None,
+    help="Each input its own output in this directory (made if missing), named as the input with the new "
+         "suffix; the files coded in parallel (--jobs); a file that fails is one line and the others go on.")
 ARITH_OPTION = click.option(
     "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,
     help="exact64: every number that drives the coder is computed bit-exactly, so any machine decodes the "
@@ -259,7 +266,9 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 # --- commands ----------------------------------------------------------------------------------
 @cli.command(epilog=EPILOG_COMPRESS)
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="The .sfc file to write.")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="The .sfc file to write (all the inputs in one file).")
+@OUTPUT_DIR_OPTION
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
 @click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where its zoo entry or its file gives one: see `sfcodec models`; fewer is faster and larger).")
@@ -275,20 +284,45 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @METADATA_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
+def compress(inputs, output, output_dir, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
              keep_metadata, force, quiet):
-    """Compress one or more images into one .sfc file."""
+    """Compress images into one .sfc file (-o), or each into its own (-d)."""
+    opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
+            "arith": arith, "fallback": "off" if no_fallback else fallback, "jobs": jobs,
+            "keep_metadata": keep_metadata, "force": force}
+    if _one_of(output, output_dir) == "dir":
+        from cli import batch
+
+        targets = batch.targets(inputs, output_dir, ".sfc")
+        sys.exit(batch.run(_compress_files, [([i], t, opts) for i, t in zip(inputs, targets)], jobs, quiet,
+                           "compressed", output_dir))
+    summary = _compress_files(list(inputs), output, opts, quiet)
+    if not quiet:
+        click.echo(summary.message, err=True)
+
+
+def _one_of(output: Path | None, output_dir: Path | None) -> str:
+    """"file" (-o) or "dir" (-d): exactly one is given."""
+    if (output is None) == (output_dir is None):
+        raise UsageError("give either -o FILE (one output) or -d DIR (each input its own output in DIR)")
+    return "file" if output is not None else "dir"
+
+
+def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
+    """compress's work: the inputs into one .sfc file at output -> batch.Summary (the summary line, sizes)."""
+    from cli.batch import Summary
     from scoreflow_codec import api
 
-    _check_output(output, force, list(inputs))
-    sources = _load_images(inputs, keep_metadata)
+    _check_output(output, o["force"], inputs)
+    sources = _load_images(inputs, o["keep_metadata"])
     for src, p in zip(sources, inputs):
         src.meta.setdefault("name", p.name)
-    fallback = "off" if no_fallback else fallback
-    m = _load_model(model, device, [s.size for s in sources], fallback)
+    mode, device, jobs = o["mode"], o["device"], o["jobs"]
+    m = _load_model(o["model"], device, [s.size for s in sources], o["fallback"])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith, jobs)
+    data, rep = _encode(sources, m, mode, o["steps"], o["tile"], device, quiet, o["fallback"], o["arith"], jobs)
     enc_s = time.perf_counter() - t0
+    verify = o["verify"]
     if verify is None:
         verify = api.verify_is_cheap(sources, mode)
     dec_s = None
@@ -299,42 +333,70 @@ def compress(inputs, output, model, mode, steps, tile, device, verify, arith, fa
         dec_s = time.perf_counter() - t1
         api.check_identical(sources, back)
     atomic_write(output, data)
-    if not quiet:
-        msg = (f"{output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
-               f"[{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
-        msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
-        click.echo(msg, err=True)
+    msg = (f"{output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
+           f"[{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
+    msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
+    return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data))
 
 
 @cli.command()
-@click.argument("input", type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png or .tif) or, for several "
                    "images, a directory.")
+@OUTPUT_DIR_OPTION
+@click.option("--format", "fmt", type=click.Choice(["png", "tif", "webp", "bmp"]), default=None,
+              help="With -d: the images' format (default png); with -o the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
 @JOBS_OPTION
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def decompress(input, output, model, device, jobs, force, quiet):
-    """Decompress a .sfc file back to the identical pixels."""
+def decompress(inputs, output, output_dir, fmt, model, device, jobs, force, quiet):
+    """Decompress a .sfc file back to the identical pixels (-o), or several, each into DIR (-d)."""
+    opts = {"model": model, "device": device, "jobs": jobs, "force": force}
+    if _one_of(output, output_dir) == "dir":
+        opts["batch"] = True
+        from cli import batch
+
+        targets = batch.targets(inputs, output_dir, "." + (fmt or "png"))
+        sys.exit(batch.run(_decompress_file, [(i, t, opts) for i, t in zip(inputs, targets)], jobs, quiet,
+                           "decompressed", output_dir))
+    if len(inputs) > 1:
+        raise UsageError(f"{len(inputs)} .sfc files and one -o: give -d DIR to decompress each into DIR")
+    if fmt is not None:
+        raise UsageError("--format goes with -d; with -o the file name's suffix gives the format")
+    summary = _decompress_file(inputs[0], output, opts, quiet)
+    if not quiet:
+        for w in summary.warnings:
+            click.echo(w, err=True)
+        click.echo(summary.message, err=True)
+
+
+def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
+    """decompress's work: one .sfc file to output (an image file, or a directory for several images; with
+    -d, where the file holds several, the directory of output's name without its suffix) -> batch.Summary."""
+    from cli.batch import Summary
     from scoreflow_codec import api, container, deep, images, zoo
 
     data = _read_sfc(input)
     header = api.read_header(data)
     container.unpack(data)  # a truncated or corrupt payload is the file's fault: say so before looking for a model
-    device = device or header.get("setup", {}).get("device", "cpu")
+    device = o["device"] or header.get("setup", {}).get("device", "cpu")
     n = sum(run[3] for run in header["images"])
     names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
-    if n == 1 and not output.is_dir():
+    suffix = None
+    if o.get("batch") and n > 1:  # -d: DIR/stem.png for one image, DIR/stem/ for several
+        output, suffix = output.with_suffix(""), output.suffix
+    if n == 1 and (o.get("batch") or not output.is_dir()):
         targets = [output]
     else:
         if output.exists() and not output.is_dir():
             raise OutputExistsError(f"{output}: the file holds {n} images; give a directory")
-        targets = [output / _out_name(nm, i, n) for i, nm in enumerate(names)]
+        targets = [output / _out_name(nm, i, n, suffix) for i, nm in enumerate(names)]
         if len(set(targets)) != len(targets):
-            targets = [output / _out_name(None, i, n) for i in range(n)]
+            targets = [output / _out_name(None, i, n, suffix) for i in range(n)]
     modes = [mode for *_, mode, count in header["images"] for _ in range(count)]
     for t, mode in zip(targets, modes):
         if t.suffix.lower() not in images.LOSSLESS_SAVE:
@@ -343,20 +405,21 @@ def decompress(input, output, model, device, jobs, force, quiet):
             raise UsageError(f"{t.name}: the image is 16-bit ({mode}): the output must be "
                              f"{' or '.join('.' + f.lower().replace('tiff', 'tif') for f in deep.WRITTEN_AS[mode])}")
         if t.parent != output or output.exists():
-            _check_output(t, force, [input])
+            _check_output(t, o["force"], [input])
     m = None  # a seed-only file decodes without a model (--model is then not needed, and unused)
     if api.needs_model(header):
-        m = zoo.load_model(model, device=device) if model else zoo.model_for_header(header, device)
+        m = zoo.load_model(o["model"], device=device) if o["model"] else zoo.model_for_header(header, device)
     t0 = time.perf_counter()
     with _progress(api.work_units(header), "decode", quiet) as tick:
-        sources = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
-    blobs = [_image_bytes(s, t, quiet) for s, t in zip(sources, targets)]
+        sources = api.decompress(data, m, device=device, progress=tick, jobs=o["jobs"])
+    warnings: list[str] = []
+    blobs = [_image_bytes(s, t, warnings) for s, t in zip(sources, targets)]
     if len(targets) > 1 or targets[0].parent == output:
         output.mkdir(parents=True, exist_ok=True)
     for b, t in zip(blobs, targets):
         atomic_write(t, b)
-    if not quiet:
-        click.echo(f"{input}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)", err=True)
+    return Summary(f"{input}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)",
+                   images=n, dims=sum(s.num_dims for s in sources), bytes=len(data), warnings=warnings)
 
 
 @cli.command()

@@ -1,0 +1,128 @@
+"""sfcodec's `-d DIR`: each input its own output in a directory, the files in parallel (0.9.29).
+
+A folder of photographs: `sfcodec compress photos/*.png -d sfc/`, then `sfcodec decompress sfc/*.sfc -d
+back/`. Each file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once
+as --jobs says (default: every usable core, within the available memory; workers.each), each with its
+share of torch's threads. A file that fails (not an image, a corrupt .sfc, an output that exists) is
+one error line and the others go on; the exit code is the first failed file's in the inputs' order, 0
+where every file succeeded. Output names that would clash (a/x.png and b/x.png) are refused before
+anything runs: with --force the second would overwrite the first.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from scoreflow_codec.coding import workers
+from scoreflow_codec.errors import SfcError, UsageError
+
+FILE_PEAK_PIXELS = 1 << 20  # memory per file process: the seed codec's largest part, workers.PART_PEAK_BYTES_PER_PIXEL each
+
+
+@dataclass
+class Summary:
+    """What coding one output did: the line `-o` prints, and the sizes for the batch's total."""
+    message: str
+    images: int = 0
+    dims: int = 0
+    bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """One file's result in a batch: exit code 0 and its summary, or the code and the error line."""
+    code: int
+    summary: Summary | None = None
+    error: str | None = None
+
+
+def targets(inputs, out_dir: Path, suffix: str) -> list[Path]:
+    """out_dir / (input's stem + suffix) for each input; UsageError where two inputs would share one."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir}: not a directory (-d takes a directory; -o a file)")
+    names = [out_dir / (Path(i).stem + suffix) for i in inputs]
+    first: dict[Path, Path] = {}
+    for i, t in zip(inputs, names):
+        if t in first:
+            raise UsageError(f"{first[t]} and {i} would both be written to {t}: give them apart (other -d, or -o each)")
+        first[t] = Path(i)
+    return names
+
+
+def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
+    """fn(inputs, output, opts, quiet=True) (cli.main's _compress_files or _decompress_file), its errors
+    as the one line sfcodec prints for them; in a worker process or in this one."""
+    name = inputs[0] if isinstance(inputs, list) else inputs
+    try:
+        return Outcome(0, fn(inputs, output, opts, True))
+    except SfcError as e:
+        text = str(e)
+        return Outcome(e.exit_code, error=f"sfcodec: error: {text if str(name) in text else f'{name}: {text}'}")
+    except MemoryError:
+        return Outcome(1, error=f"sfcodec: error: {name}: out of memory (try fewer files at once: --jobs)")
+    except Exception as e:  # a bug: one line, as sfcodec's own handler says it
+        return Outcome(1, error=f"sfcodec: internal error: {name}: {e.__class__.__name__}: {e} "
+                                "(run this file alone with SFCODEC_DEBUG=1 for the traceback, and please report it)")
+
+
+def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path) -> int:
+    """Each task (inputs, output, opts) through attempt(fn, ...), `jobs` files at once (None: the usable
+    cores, within the available memory); prints each file's line as it ends and a total -> the exit code."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{out_dir}: cannot make the directory ({e.strerror})") from None
+    procs = jobs if jobs is not None else workers.auto_jobs(len(tasks), FILE_PEAK_PIXELS)
+    procs = max(1, min(procs, len(tasks)))
+    if procs > 1:  # a file's own parts then stay in its process: the files already fill the cores
+        tasks = [(i, o, {**opts, "jobs": 1}) for i, o, opts in tasks]
+    t0 = time.perf_counter()
+    outcomes: dict[int, Outcome] = {}
+    bar = None
+    if not quiet and sys.stderr.isatty() and len(tasks) > 1:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks), desc=verb.split()[0], unit="file", file=sys.stderr, leave=False,
+                   dynamic_ncols=True)
+
+    def say(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            click.echo(line, err=True)
+
+    try:
+        for k, out in workers.each(attempt, [(fn, *t) for t in tasks], procs):
+            outcomes[k] = out
+            if out.error is not None:
+                say(out.error)
+            elif not quiet:
+                for w in out.summary.warnings:
+                    say(w)
+                say(out.summary.message)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    failed = [k for k in range(len(tasks)) if outcomes[k].code != 0]
+    done = [outcomes[k].summary for k in range(len(tasks)) if outcomes[k].code == 0]
+    if not quiet and len(tasks) > 1:
+        size = sum(s.bytes for s in done)
+        dims = sum(s.dims for s in done)
+        what = (f"{size} bytes, {8 * size / dims:.3f} bits/dim" if verb == "compressed" and dims else
+                f"{sum(s.images for s in done)} image(s)")
+        click.echo(f"sfcodec: {len(done)} of {len(tasks)} file(s) {verb} into {out_dir}: {what}, "
+                   f"{time.perf_counter() - t0:.1f}s ({procs} process{'es' if procs > 1 else ''})", err=True)
+    if failed and len(tasks) > 1:
+        first = tasks[failed[0]][0]
+        first = first[0] if isinstance(first, list) else first
+        click.echo(f"sfcodec: {len(failed)} of {len(tasks)} file(s) failed; the first, {first}, with exit code "
+                   f"{outcomes[failed[0]].code}", err=True)
+    return outcomes[failed[0]].code if failed else 0

@@ -1,0 +1,218 @@
+"""sfcodec's -d DIR (cli/batch.py, 0.9.29): each input its own output in a directory, the files coded
+in parallel processes.
+
+What a user relies on: each file is the same bytes as `-o` makes of it alone, whatever --jobs; a
+file that fails (not an image, a corrupt .sfc, an output that exists) is one error line naming it,
+the others are still written, and the exit code is the first failure's; names that would clash are
+refused before anything runs; decompress -d gives back every file's pixels, in the format asked.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from cli import batch
+from cli.main import cli
+from scoreflow_codec.coding import workers
+from scoreflow_codec.modelfile import save_model
+from scoreflow_codec.models.presets import build
+from scoreflow_codec.sde import SDEConfig
+
+EXIT = {"usage": 2, "image": 3, "sfc": 4, "model": 5, "exists": 6}
+SEED = ("--fallback", "seed")  # the seed codec alone: no model, seconds per file
+
+
+def sfcodec(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="sfcodec", catch_exceptions=False)
+
+
+def lines(result) -> list[str]:
+    return [ln for ln in result.stderr.split("\n") if ln.strip()]
+
+
+def _image(path: Path, seed: int, size=(23, 17), mode="RGB") -> Path:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size[1], 0:size[0]]
+    base = np.stack([60 + 4 * xx, 90 + 3 * yy, 200 - 2 * (xx + yy)], -1) + rng.integers(-9, 10, (size[1], size[0], 3))
+    im = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8), "RGB")
+    im.convert(mode).save(path)
+    return path
+
+
+@pytest.fixture
+def photos(tmp_path) -> list[Path]:
+    d = tmp_path / "in"
+    d.mkdir()
+    return [_image(d / "a.png", 1), _image(d / "b.png", 2, (40, 9)), _image(d / "c.tif", 3, mode="L")]
+
+
+def same_pixels(a: Path, b: Path) -> bool:
+    with Image.open(a) as x, Image.open(b) as y:
+        return x.mode == y.mode and np.array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_each_file_is_what_o_makes_of_it_alone_whatever_the_jobs(photos, tmp_path):
+    """-d writes DIR/<stem>.sfc per input, byte for byte `-o`'s file of that input alone, in one
+    process (--jobs 1) or several; decompress -d gives back each image (png by default, or --format)."""
+    alone = {}
+    for p in photos:
+        out = tmp_path / f"{p.stem}.alone.sfc"
+        r = sfcodec("compress", p, "-o", out, *SEED, "-q")
+        assert r.exit_code == 0, r.stderr
+        alone[p.stem] = out.read_bytes()
+    for jobs in ("1", "3"):
+        d = tmp_path / f"sfc{jobs}"
+        r = sfcodec("compress", *photos, "-d", d, *SEED, "--jobs", jobs)
+        assert r.exit_code == 0, r.stderr
+        assert sorted(x.name for x in d.iterdir()) == ["a.sfc", "b.sfc", "c.sfc"]
+        assert {x.stem: x.read_bytes() for x in d.iterdir()} == alone
+        out = lines(r)  # a line per file, then the total
+        assert len(out) == 4 and f"3 of 3 file(s) compressed into {d}" in out[-1] and f"({jobs} process" in out[-1]
+        assert sum(map(len, alone.values())) == int(out[-1].split(": ")[2].split(" bytes")[0])
+    back = tmp_path / "back"
+    r = sfcodec("decompress", *sorted((tmp_path / "sfc3").iterdir()), "-d", back, "--jobs", "2")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(x.name for x in back.iterdir()) == ["a.png", "b.png", "c.png"]
+    for p in photos:
+        assert same_pixels(p, back / f"{p.stem}.png")
+    tif = tmp_path / "tif"
+    r = sfcodec("decompress", *sorted((tmp_path / "sfc1").iterdir()), "-d", tif, "--format", "tif", "-q")
+    assert r.exit_code == 0 and r.stderr == ""
+    for p in photos:
+        assert same_pixels(p, tif / f"{p.stem}.tif")
+
+
+def test_the_files_run_in_other_processes(photos, tmp_path, monkeypatch):
+    """--jobs N codes N files at once, each in a process of its own with its share of the threads."""
+    seen = []
+    real = workers.each
+
+    def spy(fn, items, jobs):
+        seen.append(jobs)
+        yield from real(fn, items, jobs)
+
+    monkeypatch.setattr(workers, "each", spy)
+    assert sfcodec("compress", *photos, "-d", tmp_path / "x", *SEED, "--jobs", "2", "-q").exit_code == 0
+    assert sfcodec("compress", *photos, "-d", tmp_path / "y", *SEED, "-q").exit_code == 0
+    assert seen[0] == 2 and seen[1] == max(1, min(3, workers.auto_jobs(3, batch.FILE_PEAK_PIXELS)))
+
+
+def _pid(x):
+    return os.getpid(), os.environ.get("OMP_NUM_THREADS")
+
+
+def _threads(x):
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_each_yields_every_result_from_other_processes():
+    got = dict(workers.each(_pid, [(k,) for k in range(5)], 2))
+    assert sorted(got) == list(range(5)) and os.getpid() not in {p for p, _ in got.values()}
+    assert list(workers.each(_pid, [(0,)], 4)) == [(0, _pid(0))]  # one item: this process
+    pytest.importorskip("torch")  # loaded here: a forked worker's torch runs one thread (OpenMP after fork)
+    if workers.forks():
+        assert {t for _, t in workers.each(_threads, [(0,), (1,)], 2)} == {1}
+
+
+def test_a_failing_file_is_one_line_and_the_others_go_on(photos, tmp_path):
+    """Not an image, an output that exists (left untouched), a corrupt .sfc: each one line naming the
+    file, the rest written, exit code the first failure's in the inputs' order."""
+    bad = tmp_path / "in" / "notes.png"
+    bad.write_text("not an image")
+    d = tmp_path / "sfc"
+    d.mkdir()
+    (d / "b.sfc").write_bytes(b"keep me")
+    r = sfcodec("compress", photos[0], bad, *photos[1:], "-d", d, *SEED, "--jobs", "2")
+    assert r.exit_code == EXIT["image"], r.stderr
+    errs = [ln for ln in lines(r) if "error" in ln]
+    assert len(errs) == 2 and "Traceback" not in r.output
+    assert any("notes.png" in e and "not an image" in e for e in errs)
+    assert any("b.sfc" in e and "exists" in e for e in errs)
+    assert lines(r)[-1].startswith("sfcodec: 2 of 4 file(s) failed; the first,") and "notes.png" in lines(r)[-1]
+    assert (d / "b.sfc").read_bytes() == b"keep me" and (d / "a.sfc").is_file() and (d / "c.sfc").is_file()
+    assert not (d / "notes.sfc").exists() and len(list(d.iterdir())) == 3  # no temporary file left
+    r = sfcodec("compress", *photos, "-d", d, *SEED, "--force", "-q")  # --force: written over
+    assert r.exit_code == 0 and r.stderr == "" and (d / "b.sfc").read_bytes()[:4] != b"keep"
+    (d / "a.sfc").write_bytes((d / "a.sfc").read_bytes()[:-9])  # truncated
+    back = tmp_path / "back"
+    r = sfcodec("decompress", *sorted(d.iterdir()), "-d", back, "-q")
+    assert r.exit_code == EXIT["sfc"]
+    assert len(lines(r)) == 2 and "a.sfc" in lines(r)[0] and "failed" in lines(r)[1]
+    assert sorted(x.name for x in back.iterdir()) == ["b.png", "c.png"]
+
+
+def test_a_single_file_fails_as_with_o(tmp_path):
+    """One input with -d fails as -o does: one line, its exit code, no total."""
+    bad = tmp_path / "x.png"
+    bad.write_text("no")
+    r = sfcodec("compress", bad, "-d", tmp_path / "out", *SEED)
+    assert r.exit_code == EXIT["image"] and len(lines(r)) == 1 and lines(r)[0].startswith("sfcodec: error: ")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["compress", "{a}", "{b}", *SEED], "either -o"),                             # neither -o nor -d
+    (["compress", "{a}", "-o", "{t}/x.sfc", "-d", "{t}/d", *SEED], "either -o"),  # both
+    (["compress", "{a}", "{a2}", "-d", "{t}/d", *SEED], "both be written"),       # a.png and sub/a.png
+    (["compress", "{a}", "{a}", "-d", "{t}/d", *SEED], "both be written"),        # the same file twice
+    (["compress", "{a}", "-d", "{a}", *SEED], "not a directory"),                 # -d names a file
+    (["decompress", "{s}", "{s}", "-o", "{t}/x.png"], "-d dir"),                  # several .sfc, one -o
+    (["decompress", "{s}", "-o", "{t}/x.png", "--format", "tif"], "--format goes with -d"),
+])
+def test_usage_errors_are_refused_before_anything_runs(photos, tmp_path, args, words):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    a2 = _image(sub / "a.png", 9)
+    s = tmp_path / "a.sfc"
+    assert sfcodec("compress", photos[0], "-o", s, *SEED, "-q").exit_code == 0
+    before = sorted(tmp_path.rglob("*"))
+    fill = {"a": photos[0], "b": photos[1], "a2": a2, "t": tmp_path, "s": s}
+    r = sfcodec(*[x.format(**fill) for x in args])
+    assert r.exit_code == EXIT["usage"], r.stderr
+    assert len(lines(r)) == 1 and words.lower() in lines(r)[0].lower() and "Traceback" not in r.output
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, no directory made
+
+
+def test_a_file_of_several_images_decompresses_into_its_own_directory(photos, tmp_path):
+    """decompress -d: DIR/<stem>.png for a file of one image, DIR/<stem>/ (the images' names, the format
+    asked) for a file of several."""
+    one, many = tmp_path / "one.sfc", tmp_path / "many.sfc"
+    assert sfcodec("compress", photos[0], "-o", one, *SEED, "-q").exit_code == 0
+    assert sfcodec("compress", *photos, "-o", many, *SEED, "-q").exit_code == 0
+    d = tmp_path / "d"
+    r = sfcodec("decompress", one, many, "-d", d, "--format", "tif", "--jobs", "1")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(str(x.relative_to(d)) for x in d.rglob("*")) == [
+        "many", "many/a.tif", "many/b.tif", "many/c.tif", "one.tif"]
+    assert same_pixels(photos[0], d / "one.tif") and same_pixels(photos[2], d / "many" / "c.tif")
+    assert "3 image(s)" not in lines(r)[-1] and "4 image(s)" in lines(r)[-1]
+
+
+def test_a_model_coded_file_in_a_batch(tmp_path):
+    """Files of the model's stream, coded in worker processes (forked from this one, torch loaded: one
+    thread each), are the bytes `-o` makes and decode identical."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model, deq = build("tiny", SDEConfig(kind="vp"))
+    mpath = tmp_path / "tiny.safetensors"
+    save_model(mpath, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": "tiny"}})
+    ins = [_image(tmp_path / f"m{k}.png", k, (64, 32)) for k in range(2)]
+    opts = ("--model", mpath, "--fallback", "off", "--steps", "4")
+    d = tmp_path / "d"
+    r = sfcodec("compress", *ins, "-d", d, *opts, "--jobs", "2")
+    assert r.exit_code == 0, r.stderr
+    for p in ins:
+        alone = tmp_path / f"{p.stem}.alone.sfc"
+        assert sfcodec("compress", p, "-o", alone, *opts, "-q").exit_code == 0
+        assert (d / f"{p.stem}.sfc").read_bytes() == alone.read_bytes()
+    back = tmp_path / "back"
+    r = sfcodec("decompress", *sorted(d.iterdir()), "-d", back, "--model", mpath, "--jobs", "2", "-q")
+    assert r.exit_code == 0, r.stderr
+    for p in ins:
+        assert same_pixels(p, back / f"{p.stem}.png")
