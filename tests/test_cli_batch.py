@@ -93,13 +93,16 @@ def test_the_files_run_in_other_processes(photos, tmp_path, monkeypatch):
     real = workers.each
 
     def spy(fn, items, jobs):
-        seen.append(jobs)
+        seen.append((jobs, {item[-1]["jobs"] for item in items}))
         yield from real(fn, items, jobs)
 
     monkeypatch.setattr(workers, "each", spy)
     assert sfcodec("compress", *photos, "-d", tmp_path / "x", *SEED, "--jobs", "2", "-q").exit_code == 0
     assert sfcodec("compress", *photos, "-d", tmp_path / "y", *SEED, "-q").exit_code == 0
-    assert seen[0] == 2 and seen[1] == max(1, min(3, workers.auto_jobs(3, batch.FILE_PEAK_PIXELS)))
+    assert sfcodec("compress", photos[0], "-d", tmp_path / "z", *SEED, "-q").exit_code == 0
+    auto = max(1, min(3, workers.auto_jobs(3, batch.FILE_PEAK_PIXELS)))
+    # several files at once: each file's own parts stay in its process; one at a time: as -o does
+    assert seen == [(2, {1}), (auto, {1} if auto > 1 else {None}), (1, {None})]
 
 
 def _pid(x):
@@ -148,12 +151,19 @@ def test_a_failing_file_is_one_line_and_the_others_go_on(photos, tmp_path):
     assert sorted(x.name for x in back.iterdir()) == ["b.png", "c.png"]
 
 
-def test_a_single_file_fails_as_with_o(tmp_path):
-    """One input with -d fails as -o does: one line, its exit code, no total."""
+def test_a_single_file_fails_as_with_o(photos, tmp_path):
+    """One input with -d fails as -o does: one line, its exit code, no total. A directory where the
+    output would go is refused (never written into)."""
     bad = tmp_path / "x.png"
     bad.write_text("no")
     r = sfcodec("compress", bad, "-d", tmp_path / "out", *SEED)
     assert r.exit_code == EXIT["image"] and len(lines(r)) == 1 and lines(r)[0].startswith("sfcodec: error: ")
+    s = tmp_path / "a.sfc"
+    assert sfcodec("compress", photos[0], "-o", s, *SEED, "-q").exit_code == 0
+    (tmp_path / "back" / "a.png").mkdir(parents=True)
+    r = sfcodec("decompress", s, "-d", tmp_path / "back", "--force")
+    assert r.exit_code == EXIT["exists"] and len(lines(r)) == 1 and "is a directory" in lines(r)[0]
+    assert list((tmp_path / "back" / "a.png").iterdir()) == []
 
 
 @pytest.mark.parametrize("args, words", [
