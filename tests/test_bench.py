@@ -242,6 +242,15 @@ def test_cli_times_runs_the_users_commands(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "cli_times.py"), str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cli_times:" in bad.stderr
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "cli_times.py"), str(folder), "--out", str(out),
+                        "--batch", "--batch-jobs", "2", "--", "--fallback", "seed"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    s = res["summary"]
+    assert res["batch"] and s["images"] == s["identical"] == 2 and s["coded_by"] == {"seed": 2, "model": 0}
+    assert s["batch"]["compress_exit"] == s["batch"]["decompress_exit"] == 0 and s["batch"]["compress_s"] > 0
+    assert s["bytes"] == sum(row["bytes"] for row in res["images"]) and "compress -d" in r.stdout
 
 
 def test_graphics_bench(tmp_path):
