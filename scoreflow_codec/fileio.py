@@ -12,6 +12,19 @@ def _umask() -> int:
     return mask
 
 
+_unfinished: set[str] = set()  # the temporary files atomic_write is writing in this process
+
+
+def remove_unfinished() -> None:
+    """Remove the temporary files atomic_write is writing in this process: for a worker process told
+    to stop (workers: SIGTERM), which then exits at once, without unwinding."""
+    for tmp in list(_unfinished):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to a temporary file beside `path`, fsync, then rename it over `path`.
 
@@ -20,6 +33,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _unfinished.add(tmp)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -30,3 +44,5 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        _unfinished.discard(tmp)

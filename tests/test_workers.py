@@ -152,3 +152,25 @@ def test_workers_leave_ctrl_c_to_the_parent():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's own untouched
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def _write_slowly(path):
+    from scoreflow_codec import fileio
+
+    os.fsync = lambda fd: time.sleep(60)  # in this worker only: stopped while it writes
+    fileio.atomic_write(path, b"half a file")
+
+
+def test_a_stopped_worker_leaves_no_temporary_file(tmp_path):
+    """sfcodec -d's workers write their own files: one stopped in the middle (Ctrl-C, or another
+    worker's error: SIGTERM from the parent) removes its temporary file, and no output appears."""
+    d = tmp_path / "out"
+    d.mkdir()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyError):
+        with workers.background(_write_slowly, d / "x.sfc"):
+            while not list(d.iterdir()) and time.perf_counter() - t0 < 30:
+                time.sleep(0.05)
+            assert [p.name.endswith(".tmp") for p in d.iterdir()] == [True]
+            raise KeyError("stop")
+    assert list(d.iterdir()) == [] and time.perf_counter() - t0 < 30

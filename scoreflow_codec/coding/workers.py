@@ -107,14 +107,25 @@ def _leave_ctrl_c(threads: int | None = None) -> None:
 
     threads: torch's CPU threads in this worker (several workers share the cores): set before torch
     loads (OMP_NUM_THREADS, unless the user chose it), or 1 where the worker was forked from a
-    process that had torch loaded already (a forked OpenMP runtime must not start threads again)."""
+    process that had torch loaded already (a forked OpenMP runtime must not start threads again).
+
+    A worker the parent stops (SIGTERM: Ctrl-C, or another worker's error) removes the temporary file
+    it may be writing (sfcodec -d: each worker writes its file) and exits at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
     if threads is None:
         return
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     else:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def _stop(signum, frame) -> None:
+    from .. import fileio
+
+    fileio.remove_unfinished()
+    os._exit(128 + signum)
 
 
 @contextlib.contextmanager
