@@ -1,7 +1,7 @@
 """sfcodec's `-d DIR`: each input its own output in a directory, the files in parallel (0.9.29).
 
-A folder of photographs: `sfcodec compress photos/*.png -d sfc/`, then `sfcodec decompress sfc/*.sfc -d
-back/`. Each file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once
+A folder of photographs: `sfcodec compress photos/*.png -d sfc/` (or `photos/`: the image files in it;
+with -r its subfolders' too, mirrored under DIR), then `sfcodec decompress sfc/*.sfc -d back/`. Each file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once
 as --jobs says (default: every usable core, within the available memory; workers.each), each with its
 share of torch's threads. A file that fails (not an image, a corrupt .sfc, an output that exists) is
 one error line and the others go on; the exit code is the first failed file's in the inputs' order, 0
@@ -10,6 +10,7 @@ anything runs: with --force the second would overwrite the first.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ import click
 from scoreflow_codec.coding import workers
 from scoreflow_codec.errors import SfcError, UsageError
 
+# the files a folder given to compress -d contributes (what photographs and scans come as; a name in
+# another case counts too); decompress -d takes a folder's .sfc files
+IMAGE_SUFFIXES = frozenset({".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp", ".ppm", ".pgm", ".pnm",
+                            ".gif", ".tga"})
 FILE_PEAK_PIXELS = 1 << 20  # memory per file process: the seed codec's largest part, workers.PART_PEAK_BYTES_PER_PIXEL each
 
 
@@ -42,17 +47,44 @@ class Outcome:
     error: str | None = None
 
 
-def targets(inputs, out_dir: Path, suffix: str) -> list[Path]:
-    """out_dir / (input's stem + suffix) for each input; UsageError where two inputs would share one."""
+def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[str], what: str
+         ) -> tuple[list[Path], list[Path]]:
+    """(files, their outputs): a file input -> out_dir / (its stem + suffix); a folder -> its files whose
+    suffix is in kinds (hidden ones not), with `recursive` its subfolders' too, each at its place under
+    out_dir. UsageError where two would share an output, or a folder holds no such file."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory (-d takes a directory; -o a file)")
-    names = [out_dir / (Path(i).stem + suffix) for i in inputs]
+    files, names = [], []
+    for i in map(Path, inputs):
+        if not i.is_dir():
+            files.append(i)
+            names.append(out_dir / (i.stem + suffix))
+            continue
+        found = _folder(i, recursive, kinds)
+        if not found:
+            sub = "" if recursive else " (-r: its subfolders too)"
+            raise UsageError(f"{i}: no {what} in the folder{sub}")
+        for f in found:
+            rel = f.relative_to(i)
+            files.append(f)
+            names.append(out_dir / rel.parent / (f.stem + suffix))
     first: dict[Path, Path] = {}
-    for i, t in zip(inputs, names):
+    for f, t in zip(files, names):
         if t in first:
-            raise UsageError(f"{first[t]} and {i} would both be written to {t}: give them apart (other -d, or -o each)")
-        first[t] = Path(i)
-    return names
+            raise UsageError(f"{first[t]} and {f} would both be written to {t}: give them apart (other -d, or -o each)")
+        first[t] = f
+    return files, names
+
+
+def _folder(top: Path, recursive: bool, kinds: frozenset[str]) -> list[Path]:
+    """The files in top (and below it where recursive) whose suffix is in kinds, sorted; names starting
+    with a dot (hidden files, sfcodec's own temporary files) and symbolic links to folders skipped."""
+    found = []
+    for here, dirs, names in os.walk(top):  # does not follow links to folders
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
+        found += [Path(here) / n for n in names if not n.startswith(".") and Path(n).suffix.lower() in kinds
+                  and (Path(here) / n).is_file()]
+    return sorted(found)
 
 
 def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
@@ -76,8 +108,10 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
     cores, within the available memory); prints each file's line as it ends and a total -> the exit code."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        for folder in sorted({t[1].parent for t in tasks} - {out_dir}):  # a folder input's subfolders (-r)
+            folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"{out_dir}: cannot make the directory ({e.strerror})") from None
+        raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
     procs = jobs if jobs is not None else workers.auto_jobs(len(tasks), FILE_PEAK_PIXELS)
     procs = max(1, min(procs, len(tasks)))
     if procs > 1:  # a file's own parts then stay in its process: the files already fill the cores

@@ -20,13 +20,14 @@ import click
 
 from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
-from scoreflow_codec.errors import BadFileError, OutputExistsError, SfcError, UsageError
+from scoreflow_codec.errors import BadFileError, BadImageError, OutputExistsError, SfcError, UsageError
 from scoreflow_codec.fileio import atomic_write
 
 EPILOG_COMPRESS = """\b
 Examples:
   sfcodec compress photo.png -o photo.sfc
   sfcodec compress a.png b.png c.png -o set.sfc      # one stream: cheaper per image
+  sfcodec compress photos/ -d sfc/                   # each image in photos/ its own sfc/NAME.sfc (-r: subfolders)
   sfcodec compress img.png -o img.sfc --mode ode     # the probability-flow ODE (slow on a CPU)
 """
 
@@ -250,7 +251,10 @@ JOBS_OPTION = click.option(
 OUTPUT_DIR_OPTION = click.option(
     "-d", "--output-dir", type=click.Path(path_type=Path), default=None,
     help="Each input its own output in this directory (made if missing), named as the input with the new "
-         "suffix; the files coded in parallel (--jobs); a file that fails is one line and the others go on.")
+         "suffix; a folder given as input: each file in it (-r: in its subfolders too, mirrored here). The files "
+         "are coded in parallel (--jobs); a file that fails is one line and the others go on.")
+RECURSIVE_OPTION = click.option("-r", "--recursive", is_flag=True,
+                                help="With -d: a folder's subfolders too, their outputs in the same subfolders of DIR.")
 ARITH_OPTION = click.option(
     "--arith", type=click.Choice(["exact64", "float32"]), default="exact64", show_default=True,
     help="exact64: every number that drives the coder is computed bit-exactly, so any machine decodes the "
@@ -269,6 +273,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="The .sfc file to write (all the inputs in one file).")
 @OUTPUT_DIR_OPTION
+@RECURSIVE_OPTION
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
 @click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where its zoo entry or its file gives one: see `sfcodec models`; fewer is faster and larger).")
@@ -284,27 +289,32 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @METADATA_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, output_dir, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
+def compress(inputs, output, output_dir, recursive, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
              keep_metadata, force, quiet):
     """Compress images into one .sfc file (-o), or each into its own (-d)."""
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
             "arith": arith, "fallback": "off" if no_fallback else fallback, "jobs": jobs,
             "keep_metadata": keep_metadata, "force": force}
-    if _one_of(output, output_dir) == "dir":
+    if _one_of(output, output_dir, recursive) == "dir":
         from cli import batch
 
-        targets = batch.targets(inputs, output_dir, ".sfc")
-        sys.exit(batch.run(_compress_files, [([i], t, opts) for i, t in zip(inputs, targets)], jobs, quiet,
+        files, targets = batch.plan(inputs, output_dir, ".sfc", recursive, batch.IMAGE_SUFFIXES, "image files")
+        sys.exit(batch.run(_compress_files, [([i], t, opts) for i, t in zip(files, targets)], jobs, quiet,
                            "compressed", output_dir))
+    for i in inputs:
+        if i.is_dir():
+            raise BadImageError(f"{i}: is a directory, not an image (-d DIR codes each image in it)")
     summary = _compress_files(list(inputs), output, opts, quiet)
     if not quiet:
         click.echo(summary.message, err=True)
 
 
-def _one_of(output: Path | None, output_dir: Path | None) -> str:
-    """"file" (-o) or "dir" (-d): exactly one is given."""
+def _one_of(output: Path | None, output_dir: Path | None, recursive: bool) -> str:
+    """"file" (-o) or "dir" (-d): exactly one is given (and -r only with -d)."""
     if (output is None) == (output_dir is None):
         raise UsageError("give either -o FILE (one output) or -d DIR (each input its own output in DIR)")
+    if recursive and output_dir is None:
+        raise UsageError("-r goes with -d DIR (a folder's images, each its own output)")
     return "file" if output is not None else "dir"
 
 
@@ -345,6 +355,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
               help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png or .tif) or, for several "
                    "images, a directory.")
 @OUTPUT_DIR_OPTION
+@RECURSIVE_OPTION
 @click.option("--format", "fmt", type=click.Choice(["png", "tif", "webp", "bmp"]), default=None,
               help="With -d: the images' format (default png); with -o the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
@@ -353,15 +364,16 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
 @JOBS_OPTION
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def decompress(inputs, output, output_dir, fmt, model, device, jobs, force, quiet):
+def decompress(inputs, output, output_dir, recursive, fmt, model, device, jobs, force, quiet):
     """Decompress a .sfc file back to the identical pixels (-o), or several, each into DIR (-d)."""
     opts = {"model": model, "device": device, "jobs": jobs, "force": force}
-    if _one_of(output, output_dir) == "dir":
+    if _one_of(output, output_dir, recursive) == "dir":
         opts["batch"] = True
         from cli import batch
 
-        targets = batch.targets(inputs, output_dir, "." + (fmt or "png"))
-        sys.exit(batch.run(_decompress_file, [(i, t, opts) for i, t in zip(inputs, targets)], jobs, quiet,
+        files, targets = batch.plan(inputs, output_dir, "." + (fmt or "png"), recursive, frozenset({".sfc"}),
+                                    ".sfc files")
+        sys.exit(batch.run(_decompress_file, [(i, t, opts) for i, t in zip(files, targets)], jobs, quiet,
                            "decompressed", output_dir))
     if len(inputs) > 1:
         raise UsageError(f"{len(inputs)} .sfc files and one -o: give -d DIR to decompress each into DIR")

@@ -1,5 +1,5 @@
-"""sfcodec's -d DIR (cli/batch.py, 0.9.29): each input its own output in a directory, the files coded
-in parallel processes.
+"""sfcodec's -d DIR (cli/batch.py, 0.9.29): each input (or each image of a folder, -r its subfolders
+too) its own output in a directory, the files coded in parallel processes.
 
 What a user relies on: each file is the same bytes as `-o` makes of it alone, whatever --jobs; a
 file that fails (not an image, a corrupt .sfc, an output that exists) is one error line naming it,
@@ -226,3 +226,42 @@ def test_a_model_coded_file_in_a_batch(tmp_path):
     assert r.exit_code == 0, r.stderr
     for p in ins:
         assert same_pixels(p, back / f"{p.stem}.png")
+
+
+def test_a_folder_gives_its_images_and_r_its_subfolders(tmp_path):
+    """compress FOLDER -d DIR: the image files in it (any case of suffix; not hidden files, not other
+    files); -r: its subfolders too, mirrored under DIR; decompress -d -r takes the .sfc files back the
+    same way. A folder without images, -r without -d, a folder given to -o: one line, nothing written."""
+    f = tmp_path / "photos"
+    (f / "trip" / "day2").mkdir(parents=True)
+    (f / ".cache").mkdir()
+    ins = [_image(f / "a.png", 1), _image(f / "B.TIF", 2), _image(f / "trip" / "c.png", 3),
+           _image(f / "trip" / "day2" / "d.png", 4)]
+    _image(f / ".hidden.png", 5)
+    _image(f / ".cache" / "e.png", 6)
+    (f / "notes.txt").write_text("not an image, not taken")
+    d = tmp_path / "sfc"
+    r = sfcodec("compress", f, "-d", d, *SEED, "-q")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(str(x.relative_to(d)) for x in d.rglob("*")) == ["B.sfc", "a.sfc"]
+    r = sfcodec("compress", f, "-d", d, "-r", *SEED, "-q", "--force")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(str(x.relative_to(d)) for x in d.rglob("*.sfc")) == [
+        "B.sfc", "a.sfc", "trip/c.sfc", "trip/day2/d.sfc"]
+    back = tmp_path / "back"
+    r = sfcodec("decompress", d, "-d", back, "-r", "--jobs", "2", "-q")
+    assert r.exit_code == 0, r.stderr
+    for p in ins:
+        assert same_pixels(p, back / p.relative_to(f).with_suffix(".png"))
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    _image(empty / "sub" / "x.png", 7)
+    before = sorted(tmp_path.rglob("*"))
+    for args, words in ((["compress", empty, "-d", tmp_path / "o1", *SEED], "no image files in the folder (-r"),
+                        (["decompress", f, "-d", tmp_path / "o2", "-r"], "no .sfc files"),
+                        (["compress", f, "-o", tmp_path / "x.sfc", "-r", *SEED], "-r goes with -d"),
+                        (["compress", f, "-o", tmp_path / "x.sfc", *SEED], "is a directory, not an image (-d")):
+        r = sfcodec(*args)
+        assert r.exit_code in (EXIT["usage"], EXIT["image"]) and len(lines(r)) == 1, r.stderr
+        assert words.lower() in lines(r)[0].lower(), lines(r)
+    assert sorted(tmp_path.rglob("*")) == before
