@@ -112,10 +112,13 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
             folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
-    procs = jobs if jobs is not None else workers.auto_jobs(len(tasks), FILE_PEAK_PIXELS)
-    procs = max(1, min(procs, len(tasks)))
-    if procs > 1:  # a file's own parts then stay in its process: the files already fill the cores
-        tasks = [(i, o, {**opts, "jobs": 1}) for i, o, opts in tasks]
+    # --jobs (default: the usable cores, within the available memory) counts processes in all: files at
+    # once, and where there are fewer files than that, each file's parts (a photograph above 1024x1024)
+    # in the rest; one file at a time codes as -o does
+    total = jobs if jobs is not None else workers.auto_jobs(workers.usable_cores(), FILE_PEAK_PIXELS)
+    procs = max(1, min(total, len(tasks)))
+    if procs > 1:
+        tasks = [(i, o, {**opts, "jobs": max(1, total // procs)}) for i, o, opts in tasks]
     t0 = time.perf_counter()
     outcomes: dict[int, Outcome] = {}
     bar = None

@@ -88,7 +88,8 @@ def test_each_file_is_what_o_makes_of_it_alone_whatever_the_jobs(photos, tmp_pat
 
 
 def test_the_files_run_in_other_processes(photos, tmp_path, monkeypatch):
-    """--jobs N codes N files at once, each in a process of its own with its share of the threads."""
+    """--jobs N codes N files at once, each in a process of its own with its share of the threads; with
+    fewer files than N, each file's parts get the other processes."""
     seen = []
     real = workers.each
 
@@ -98,11 +99,13 @@ def test_the_files_run_in_other_processes(photos, tmp_path, monkeypatch):
 
     monkeypatch.setattr(workers, "each", spy)
     assert sfcodec("compress", *photos, "-d", tmp_path / "x", *SEED, "--jobs", "2", "-q").exit_code == 0
-    assert sfcodec("compress", *photos, "-d", tmp_path / "y", *SEED, "-q").exit_code == 0
     assert sfcodec("compress", photos[0], "-d", tmp_path / "z", *SEED, "-q").exit_code == 0
-    auto = max(1, min(3, workers.auto_jobs(3, batch.FILE_PEAK_PIXELS)))
-    # several files at once: each file's own parts stay in its process; one at a time: as -o does
-    assert seen == [(2, {1}), (auto, {1} if auto > 1 else {None}), (1, {None})]
+    assert sfcodec("compress", *photos[:2], "-d", tmp_path / "w", *SEED, "--jobs", "5", "-q").exit_code == 0
+    monkeypatch.setattr(workers, "usable_cores", lambda: 8)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
+    assert sfcodec("compress", *photos, "-d", tmp_path / "y", *SEED, "-q").exit_code == 0
+    # --jobs counts processes in all: files at once, the rest for each file's parts; one file: as -o
+    assert seen == [(2, {1}), (1, {None}), (2, {2}), (3, {2})]
 
 
 def _pid(x):
