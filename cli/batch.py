@@ -5,7 +5,8 @@ with -r its subfolders' too, mirrored under DIR), then `sfcodec decompress sfc/*
 as --jobs says (default: every usable core, within the available memory; workers.each), each with its
 share of torch's threads. A file that fails (not an image, a corrupt .sfc, an output that exists) is
 one error line and the others go on; the exit code is the first failed file's in the inputs' order, 0
-where every file succeeded. Output names that would clash (a/x.png and b/x.png) are refused before
+where every file succeeded. --skip-existing leaves a file whose output exists (outputs appear only when
+complete, fileio.atomic_write), so a stopped run over a folder resumes where it ended. Output names that would clash (a/x.png and b/x.png) are refused before
 anything runs: with --force the second would overwrite the first.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable
 import click
 
 from scoreflow_codec.coding import workers
-from scoreflow_codec.errors import SfcError, UsageError
+from scoreflow_codec.errors import OutputPresentError, SfcError, UsageError
 
 # the files a folder given to compress -d contributes (what photographs and scans come as; a name in
 # another case counts too); decompress -d takes a folder's .sfc files
@@ -41,7 +42,8 @@ class Summary:
 
 @dataclass
 class Outcome:
-    """One file's result in a batch: exit code 0 and its summary, or the code and the error line."""
+    """One file's result in a batch: exit code 0 and its summary (None: skipped, its output exists), or
+    the code and the error line."""
     code: int
     summary: Summary | None = None
     error: str | None = None
@@ -94,6 +96,8 @@ def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
     try:
         return Outcome(0, fn(inputs, output, opts, True))
     except SfcError as e:
+        if isinstance(e, OutputPresentError) and opts.get("skip_existing"):
+            return Outcome(0)
         text = str(e)
         return Outcome(e.exit_code, error=f"sfcodec: error: {text if str(name) in text else f'{name}: {text}'}")
     except MemoryError:
@@ -139,7 +143,7 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
             outcomes[k] = out
             if out.error is not None:
                 say(out.error)
-            elif not quiet:
+            elif not quiet and out.summary is not None:
                 for w in out.summary.warnings:
                     say(w)
                 say(out.summary.message)
@@ -149,13 +153,15 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
         if bar is not None:
             bar.close()
     failed = [k for k in range(len(tasks)) if outcomes[k].code != 0]
-    done = [outcomes[k].summary for k in range(len(tasks)) if outcomes[k].code == 0]
-    if not quiet and len(tasks) > 1:
+    done = [outcomes[k].summary for k in range(len(tasks)) if outcomes[k].code == 0 and outcomes[k].summary]
+    skipped = sum(outcomes[k].code == 0 and outcomes[k].summary is None for k in range(len(tasks)))
+    if not quiet and (len(tasks) > 1 or skipped):
         size = sum(s.bytes for s in done)
         dims = sum(s.dims for s in done)
         what = (f"{size} bytes, {8 * size / dims:.3f} bits/dim" if verb == "compressed" and dims else
                 f"{sum(s.images for s in done)} image(s)")
-        click.echo(f"sfcodec: {len(done)} of {len(tasks)} file(s) {verb} into {out_dir}: {what}, "
+        left = f" ({skipped} skipped: their output exists)" if skipped else ""
+        click.echo(f"sfcodec: {len(done)} of {len(tasks)} file(s) {verb} into {out_dir}{left}: {what}, "
                    f"{time.perf_counter() - t0:.1f}s ({procs} process{'es' if procs > 1 else ''})", err=True)
     if failed and len(tasks) > 1:
         first = tasks[failed[0]][0]

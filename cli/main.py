@@ -20,7 +20,8 @@ import click
 
 from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
-from scoreflow_codec.errors import BadFileError, BadImageError, OutputExistsError, SfcError, UsageError
+from scoreflow_codec.errors import (BadFileError, BadImageError, OutputExistsError, OutputPresentError, SfcError,
+                                    UsageError)
 from scoreflow_codec.fileio import atomic_write
 
 EPILOG_COMPRESS = """\b
@@ -91,7 +92,7 @@ def _check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
     if path.is_dir():
         raise OutputExistsError(f"{path} is a directory; give a file name")
     if path.exists() and not force:
-        raise OutputExistsError(f"{path} exists (use --force to overwrite)")
+        raise OutputPresentError(f"{path} exists (use --force to overwrite)")
     if not path.parent.exists():
         raise OutputExistsError(f"{path.parent}: no such directory")
 
@@ -253,6 +254,10 @@ OUTPUT_DIR_OPTION = click.option(
     help="Each input its own output in this directory (made if missing), named as the input with the new "
          "suffix; a folder given as input: each file in it (-r: in its subfolders too, mirrored here). The files "
          "are coded in parallel (--jobs); a file that fails is one line and the others go on.")
+SKIP_OPTION = click.option(
+    "--skip-existing", is_flag=True,
+    help="With -d: leave a file whose output exists as it is and go on (a folder's run that was stopped "
+         "resumes where it ended: an output appears only once complete).")
 RECURSIVE_OPTION = click.option("-r", "--recursive", is_flag=True,
                                 help="With -d: a folder's subfolders too, their outputs in the same subfolders of DIR.")
 ARITH_OPTION = click.option(
@@ -274,6 +279,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
               help="The .sfc file to write (all the inputs in one file).")
 @OUTPUT_DIR_OPTION
 @RECURSIVE_OPTION
+@SKIP_OPTION
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
 @click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where its zoo entry or its file gives one: see `sfcodec models`; fewer is faster and larger).")
@@ -289,13 +295,13 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @METADATA_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, output_dir, recursive, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
+def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
              keep_metadata, force, quiet):
     """Compress images into one .sfc file (-o), or each into its own (-d)."""
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
             "arith": arith, "fallback": "off" if no_fallback else fallback, "jobs": jobs,
-            "keep_metadata": keep_metadata, "force": force}
-    if _one_of(output, output_dir, recursive) == "dir":
+            "keep_metadata": keep_metadata, "force": force, "skip_existing": skip_existing}
+    if _one_of(output, output_dir, recursive, skip_existing, force) == "dir":
         from cli import batch
 
         files, targets = batch.plan(inputs, output_dir, ".sfc", recursive, batch.IMAGE_SUFFIXES, "image files")
@@ -309,12 +315,16 @@ def compress(inputs, output, output_dir, recursive, model, mode, steps, tile, de
         click.echo(summary.message, err=True)
 
 
-def _one_of(output: Path | None, output_dir: Path | None, recursive: bool) -> str:
-    """"file" (-o) or "dir" (-d): exactly one is given (and -r only with -d)."""
+def _one_of(output: Path | None, output_dir: Path | None, recursive: bool, skip: bool, force: bool) -> str:
+    """"file" (-o) or "dir" (-d): exactly one is given (and -r, --skip-existing only with -d)."""
     if (output is None) == (output_dir is None):
         raise UsageError("give either -o FILE (one output) or -d DIR (each input its own output in DIR)")
     if recursive and output_dir is None:
         raise UsageError("-r goes with -d DIR (a folder's images, each its own output)")
+    if skip and output_dir is None:
+        raise UsageError("--skip-existing goes with -d DIR")
+    if skip and force:
+        raise UsageError("--skip-existing and --force contradict each other: give one")
     return "file" if output is not None else "dir"
 
 
@@ -356,6 +366,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
                    "images, a directory.")
 @OUTPUT_DIR_OPTION
 @RECURSIVE_OPTION
+@SKIP_OPTION
 @click.option("--format", "fmt", type=click.Choice(["png", "tif", "webp", "bmp"]), default=None,
               help="With -d: the images' format (default png); with -o the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
@@ -364,10 +375,10 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
 @JOBS_OPTION
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def decompress(inputs, output, output_dir, recursive, fmt, model, device, jobs, force, quiet):
+def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model, device, jobs, force, quiet):
     """Decompress a .sfc file back to the identical pixels (-o), or several, each into DIR (-d)."""
-    opts = {"model": model, "device": device, "jobs": jobs, "force": force}
-    if _one_of(output, output_dir, recursive) == "dir":
+    opts = {"model": model, "device": device, "jobs": jobs, "force": force, "skip_existing": skip_existing}
+    if _one_of(output, output_dir, recursive, skip_existing, force) == "dir":
         opts["batch"] = True
         from cli import batch
 

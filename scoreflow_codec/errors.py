@@ -48,9 +48,14 @@ class ModelMismatchError(ModelError):
 
 
 class OutputExistsError(SfcError):
-    """The output path exists and --force was not given."""
+    """The output path exists and --force was not given (OutputPresentError), or is a directory, an
+    input, or in a folder that does not exist."""
 
     exit_code = 6
+
+
+class OutputPresentError(OutputExistsError):
+    """The output file exists and --force was not given: what `sfcodec -d --skip-existing` skips."""
 
 
 class DecodeMismatchError(SfcError):

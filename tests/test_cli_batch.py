@@ -268,3 +268,28 @@ def test_a_folder_gives_its_images_and_r_its_subfolders(tmp_path):
         assert r.exit_code in (EXIT["usage"], EXIT["image"]) and len(lines(r)) == 1, r.stderr
         assert words.lower() in lines(r)[0].lower(), lines(r)
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_skip_existing_resumes_a_stopped_run(photos, tmp_path):
+    """--skip-existing: a file whose output exists is left as it is (not coded again), the others are
+    coded, exit 0, the total counts the skipped; it contradicts --force and needs -d."""
+    d = tmp_path / "sfc"
+    assert sfcodec("compress", *photos, "-d", d, *SEED, "-q").exit_code == 0
+    kept = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    (d / "b.sfc").unlink()
+    (d / "c.sfc").write_bytes(b"an older file, left alone")
+    r = sfcodec("compress", *photos, "-d", d, *SEED, "--skip-existing")
+    assert r.exit_code == 0, r.stderr
+    assert "2 skipped: their output exists" in lines(r)[-1] and "1 of 3 file(s) compressed" in lines(r)[-1]
+    assert len(lines(r)) == 2 and "b.sfc" in lines(r)[0]
+    assert (d / "a.sfc").stat().st_mtime_ns == kept["a.sfc"] and (d / "c.sfc").read_bytes().startswith(b"an older")
+    back = tmp_path / "back"
+    assert sfcodec("decompress", d / "a.sfc", "-d", back, "-q").exit_code == 0
+    r = sfcodec("decompress", d / "a.sfc", d / "b.sfc", "-d", back, "--skip-existing", "-q")
+    assert r.exit_code == 0 and r.stderr == "" and sorted(p.name for p in back.iterdir()) == ["a.png", "b.png"]
+    r = sfcodec("decompress", d / "a.sfc", "-d", back, "--skip-existing")  # one file: still says so
+    assert r.exit_code == 0 and "1 skipped" in r.stderr
+    for args, words in ((["--skip-existing", "--force"], "contradict"), (["-o", tmp_path / "x.sfc", "--skip-existing"],
+                                                                          "goes with -d")):
+        r = sfcodec("compress", photos[0], *SEED, *(["-d", d] if "-o" not in args else []), *args)
+        assert r.exit_code == EXIT["usage"] and len(lines(r)) == 1 and words in lines(r)[0], r.stderr
