@@ -164,8 +164,9 @@ def test_a_single_file_fails_as_with_o(photos, tmp_path):
     s = tmp_path / "a.sfc"
     assert sfcodec("compress", photos[0], "-o", s, *SEED, "-q").exit_code == 0
     (tmp_path / "back" / "a.png").mkdir(parents=True)
-    r = sfcodec("decompress", s, "-d", tmp_path / "back", "--force")
-    assert r.exit_code == EXIT["exists"] and len(lines(r)) == 1 and "is a directory" in lines(r)[0]
+    for flag in ("--force", "--skip-existing"):  # not an output that exists: not skipped either
+        r = sfcodec("decompress", s, "-d", tmp_path / "back", flag)
+        assert r.exit_code == EXIT["exists"] and len(lines(r)) == 1 and "is a directory" in lines(r)[0]
     assert list((tmp_path / "back" / "a.png").iterdir()) == []
 
 
