@@ -446,18 +446,47 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
 
 
 @cli.command()
-@click.argument("input", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the whole header as JSON.")
-def info(input, as_json):
-    """Show what a .sfc file holds (without decoding it)."""
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the whole header as JSON (of several files: a list of {\"file\", \"header\"}).")
+def info(inputs, as_json):
+    """Show what .sfc files hold (without decoding them). Of several files, one that cannot be read is an
+    error line and the others are shown; the exit code is then the first such file's."""
+    from scoreflow_codec import api
+
+    if len(inputs) == 1:
+        data = _read_sfc(inputs[0])
+        h = api.read_header(data)
+        if as_json:
+            click.echo(json.dumps(h, indent=2, sort_keys=True))
+        else:
+            _show_info(inputs[0], data, h)
+        return
+    code, listed = 0, []
+    for k, input in enumerate(inputs):
+        try:
+            data = _read_sfc(input)
+            h = api.read_header(data)
+        except SfcError as e:
+            click.echo(f"sfcodec: error: {e if str(input) in str(e) else f'{input}: {e}'}", err=True)
+            code = code or e.exit_code
+            continue
+        if as_json:
+            listed.append({"file": str(input), "header": h})
+        else:
+            if k:
+                click.echo("")
+            _show_info(input, data, h)
+    if as_json:
+        click.echo(json.dumps(listed, indent=2, sort_keys=True))
+    sys.exit(code)
+
+
+def _show_info(input: Path, data: bytes, h: dict) -> None:
+    """info's lines for one file (its bytes and header)."""
     from scoreflow_codec import api, container, deep, images, metadata, zoo
 
-    data = _read_sfc(input)
-    h = api.read_header(data)
     version = container.format_version(data)
-    if as_json:
-        click.echo(json.dumps(h, indent=2, sort_keys=True))
-        return
     n = sum(r[3] for r in h["images"])
     dims = sum(r[0] * r[1] * images.channels_of(r[2]) * r[3] for r in h["images"])
     click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")

@@ -8,6 +8,7 @@ refused before anything runs; decompress -d gives back every file's pixels, in t
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -294,3 +295,24 @@ def test_skip_existing_resumes_a_stopped_run(photos, tmp_path):
                                                                           "goes with -d")):
         r = sfcodec("compress", photos[0], *SEED, *(["-d", d] if "-o" not in args else []), *args)
         assert r.exit_code == EXIT["usage"] and len(lines(r)) == 1 and words in lines(r)[0], r.stderr
+
+
+def test_info_of_several_files(photos, tmp_path):
+    """info a.sfc b.sfc ...: each file's lines (a blank line between); one that cannot be read is an
+    error line naming it, the others are still shown, exit code the first such file's; --json: a list."""
+    d = tmp_path / "sfc"
+    assert sfcodec("compress", *photos, "-d", d, *SEED, "-q").exit_code == 0
+    bad = tmp_path / "bad.sfc"
+    bad.write_bytes(b"not a .sfc file at all")
+    one = sfcodec("info", d / "a.sfc")
+    assert one.exit_code == 0
+    r = sfcodec("info", d / "a.sfc", bad, tmp_path / "missing.sfc", d / "c.sfc")
+    assert r.exit_code == EXIT["sfc"]
+    errs = lines(r)
+    assert len(errs) == 2 and "bad.sfc" in errs[0] and "missing.sfc: no such file" in errs[1]
+    blocks = r.stdout.split("\n\n")
+    assert len(blocks) == 2 and blocks[0] + "\n" == one.stdout and f"file:      {d / 'c.sfc'}" in blocks[1]
+    r = sfcodec("info", d / "a.sfc", d / "b.sfc", "--json")
+    listed = json.loads(r.stdout)
+    assert r.exit_code == 0 and [x["file"] for x in listed] == [str(d / "a.sfc"), str(d / "b.sfc")]
+    assert listed[0]["header"] == json.loads(sfcodec("info", d / "a.sfc", "--json").stdout)
