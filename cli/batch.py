@@ -53,7 +53,8 @@ def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[s
          ) -> tuple[list[Path], list[Path]]:
     """(files, their outputs): a file input -> out_dir / (its stem + suffix); a folder -> its files whose
     suffix is in kinds (hidden ones not), with `recursive` its subfolders' too, each at its place under
-    out_dir. UsageError where two would share an output, or a folder holds no such file."""
+    out_dir. UsageError where two would share an output (also where only the case of their names
+    differs: one file on macOS and Windows), or a folder holds no such file."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory (-d takes a directory; -o a file)")
     files, names = [], []
@@ -70,11 +71,13 @@ def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[s
             rel = f.relative_to(i)
             files.append(f)
             names.append(out_dir / rel.parent / (f.stem + suffix))
-    first: dict[Path, Path] = {}
+    first: dict[str, Path] = {}
     for f, t in zip(files, names):
-        if t in first:
-            raise UsageError(f"{first[t]} and {f} would both be written to {t}: give them apart (other -d, or -o each)")
-        first[t] = f
+        key = str(t).casefold()  # a.png and A.PNG: one file where names ignore case (macOS, Windows)
+        if key in first:
+            raise UsageError(f"{first[key]} and {f} would both be written to {t}: give them apart (other -d, "
+                             "or -o each)")
+        first[key] = f
     return files, names
 
 

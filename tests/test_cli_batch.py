@@ -176,6 +176,7 @@ def test_a_single_file_fails_as_with_o(photos, tmp_path):
     (["compress", "{a}", "-o", "{t}/x.sfc", "-d", "{t}/d", *SEED], "either -o"),  # both
     (["compress", "{a}", "{a2}", "-d", "{t}/d", *SEED], "both be written"),       # a.png and sub/a.png
     (["compress", "{a}", "{a}", "-d", "{t}/d", *SEED], "both be written"),        # the same file twice
+    (["compress", "{a}", "{A}", "-d", "{t}/d", *SEED], "both be written"),        # a.png, sub/A.PNG: one file on macOS
     (["compress", "{a}", "-d", "{a}", *SEED], "not a directory"),                 # -d names a file
     (["decompress", "{s}", "{s}", "-o", "{t}/x.png"], "-d dir"),                  # several .sfc, one -o
     (["decompress", "{s}", "-o", "{t}/x.png", "--format", "tif"], "--format goes with -d"),
@@ -184,10 +185,11 @@ def test_usage_errors_are_refused_before_anything_runs(photos, tmp_path, args, w
     sub = tmp_path / "sub"
     sub.mkdir()
     a2 = _image(sub / "a.png", 9)
+    big_a = _image(sub / "A.PNG", 10)
     s = tmp_path / "a.sfc"
     assert sfcodec("compress", photos[0], "-o", s, *SEED, "-q").exit_code == 0
     before = sorted(tmp_path.rglob("*"))
-    fill = {"a": photos[0], "b": photos[1], "a2": a2, "t": tmp_path, "s": s}
+    fill = {"a": photos[0], "b": photos[1], "a2": a2, "A": big_a, "t": tmp_path, "s": s}
     r = sfcodec(*[x.format(**fill) for x in args])
     assert r.exit_code == EXIT["usage"], r.stderr
     assert len(lines(r)) == 1 and words.lower() in lines(r)[0].lower() and "Traceback" not in r.output
