@@ -23,10 +23,6 @@ import click
 from scoreflow_codec.coding import workers
 from scoreflow_codec.errors import OutputPresentError, SfcError, UsageError
 
-# the files a folder given to compress -d contributes (what photographs and scans come as; a name in
-# another case counts too); decompress -d takes a folder's .sfc files
-IMAGE_SUFFIXES = frozenset({".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp", ".ppm", ".pgm", ".pnm",
-                            ".gif", ".tga"})
 FILE_PEAK_PIXELS = 1 << 20  # memory per file process: the seed codec's largest part, workers.PART_PEAK_BYTES_PER_PIXEL each
 
 

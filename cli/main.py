@@ -303,8 +303,9 @@ def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, 
             "keep_metadata": keep_metadata, "force": force, "skip_existing": skip_existing}
     if _one_of(output, output_dir, recursive, skip_existing, force) == "dir":
         from cli import batch
+        from scoreflow_codec.images import IMAGE_SUFFIXES
 
-        files, targets = batch.plan(inputs, output_dir, ".sfc", recursive, batch.IMAGE_SUFFIXES, "image files")
+        files, targets = batch.plan(inputs, output_dir, ".sfc", recursive, IMAGE_SUFFIXES, "image files")
         sys.exit(batch.run(_compress_files, [([i], t, opts) for i, t in zip(files, targets)], jobs, quiet,
                            "compressed", output_dir))
     for i in inputs:

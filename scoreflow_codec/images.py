@@ -38,6 +38,10 @@ from .errors import BadImageError, UnsupportedImageError
 
 LOSSLESS_SAVE = {".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP", ".ppm": "PPM",
                  ".pgm": "PPM", ".pnm": "PPM", ".webp": "WEBP"}
+# the suffixes of the image files a folder stands for (sfcodec -d FOLDER, the trainer's --data FOLDER):
+# what photographs and scans come as, in any case of letters
+IMAGE_SUFFIXES = frozenset({".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp", ".ppm", ".pgm", ".pnm",
+                            ".gif", ".tga"})
 MAX_PIXELS = 100_000_000  # per image; bigger needs more memory than a laptop has to spare
 
 

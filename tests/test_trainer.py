@@ -260,3 +260,39 @@ def test_bf16_autocasts_on_cpus_that_have_it(cifar_small, tmp_path, monkeypatch)
     caps.clear()
     train(_cfg(cifar_small, steps=3, bf16=True), tmp_path / "b", progress=False)  # resumed; no native bf16
     assert set(seen) == {("cpu", False)}
+
+
+def test_folder_images_are_what_the_codec_gives_its_model(tmp_path):
+    """A folder's images train the model on what the codec will code with it (codec_pixels): 8-bit images
+    as Pillow shows them in RGB (every mode), a 16-bit image's high bits as the codec reduces them; a file
+    that is not an image is one error naming it."""
+    from trainer.data import codec_pixels
+    from scoreflow_codec import images
+
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 256, (12, 9, 3), dtype=np.uint8)
+    base = Image.fromarray(rgb)
+    for mode in ("RGB", "RGBA", "L", "LA", "1", "P"):
+        p = tmp_path / f"m_{mode}.png"
+        base.convert(mode).save(p)
+        with Image.open(p) as im:
+            assert np.array_equal(codec_pixels(p), np.asarray(im.convert("RGB"))), mode
+    # 10-bit data in 16-bit grey words (a scanner's): Pillow's RGB clips it to 255, or its high byte is 0 - 3
+    ten = rng.integers(0, 1024, (16, 20)).astype(np.uint16)
+    p = tmp_path / "ten.png"
+    Image.fromarray(ten).save(p)
+    got = codec_pixels(p)
+    assert got.shape == (16, 20, 3) and np.array_equal(got[..., 0], got[..., 2])
+    assert np.array_equal(got[..., 0], images.load_image(p).color[0]) and got.max() > 200
+    assert np.array_equal(got[..., 0], (ten >> 2).astype(np.uint8))  # all 10 bits used: the top 8
+    # 48-bit colour: the codec's high bits, as it codes them
+    from deep_files import png16_by_hand
+
+    wide = rng.integers(0, 65536, (8, 10, 3), dtype=np.uint16)
+    p = tmp_path / "wide.png"
+    p.write_bytes(png16_by_hand(wide, interlace=False))
+    assert np.array_equal(codec_pixels(p), images.load_image(p).color.transpose(1, 2, 0))
+    assert len(load_images(tmp_path)) == 8
+    (tmp_path / "broken.png").write_text("no image")
+    with pytest.raises(ValueError, match="broken.png"):
+        load_images(tmp_path)

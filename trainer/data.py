@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-IMAGE_EXTS = {".png", ".tif", ".tiff", ".bmp", ".ppm", ".jpg", ".jpeg", ".webp"}
-
+from scoreflow_codec.images import IMAGE_SUFFIXES
 
 def load_images(path: str | Path) -> list[np.ndarray]:
-    """uint8 [H, W, 3] arrays from an .npz (key "images") or every image in a folder (recursive)."""
+    """uint8 [H, W, 3] arrays from an .npz (key "images") or every image in a folder (recursive; the
+    suffixes of images.IMAGE_SUFFIXES), each as the codec's model codes it (codec_pixels)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"training data not found: {p}")
@@ -26,14 +26,30 @@ def load_images(path: str | Path) -> list[np.ndarray]:
         if a.dtype != np.uint8 or a.ndim != 4:
             raise ValueError(f"{p}: 'images' must be uint8 [N, H, W, C]")
         return list(a[..., :3]) if a.shape[-1] >= 3 else [np.repeat(x, 3, -1) for x in a]
-    files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTS)
+    files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
     if not files:
         raise ValueError(f"{p}: no images found")
-    out = []
-    for f in files:
-        with Image.open(f) as im:
-            out.append(np.asarray(im.convert("RGB")))
-    return out
+    return [codec_pixels(f) for f in files]
+
+
+def codec_pixels(path: Path) -> np.ndarray:
+    """uint8 [H, W, 3]: what the codec gives its model of this file (images.load_image's colour planes): a
+    16-bit image's high bits as deep.split reduces them (10-bit data in 16-bit words: its top 8 bits, where
+    Pillow's conversion gives 16-bit grey clipped to 255 and 48-bit colour's high bytes, near black);
+    grey as three equal channels; a palette image coded as indices by its colours. ValueError naming the
+    file where it is not an image the codec reads."""
+    from scoreflow_codec import images
+    from scoreflow_codec.errors import SfcError
+
+    try:
+        src = images.load_image(path)
+    except SfcError as e:
+        raise ValueError(str(e)) from None
+    if src.color is None:  # a palette image kept as its indices: train on what it shows
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    c = src.color.transpose(1, 2, 0)
+    return np.ascontiguousarray(np.repeat(c, 3, axis=2) if c.shape[2] == 1 else c)
 
 
 class CropSampler:
