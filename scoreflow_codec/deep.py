@@ -270,13 +270,14 @@ def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byte
 
 TIFF_STRIP_BYTES = 1 << 16  # about this many bytes of samples per strip
 # TIFF field types: (code, struct letter)
-_SHORT, _LONG, _RATIONAL, _UNDEFINED = (3, "H"), (4, "I"), (5, "II"), (7, "B")
+_BYTE, _SHORT, _LONG, _RATIONAL, _UNDEFINED = (1, "B"), (3, "H"), (4, "I"), (5, "II"), (7, "B")
+TIFF_HOLDS = ("icc", "dpi", "xmp")  # the metadata encode_tiff writes (EXIF's tags and directories: not yet)
 
 
 def encode_tiff(arr: np.ndarray, mode: str, metadata: dict | None = None) -> bytes:
     """A 16-bit TIFF of uint16 [H, W, C] (grey, RGB or RGBA): little-endian, strips of about
     TIFF_STRIP_BYTES compressed with Deflate after horizontal differencing (predictor 2), with the ICC
-    profile and the resolution where `metadata` has them (what metadata.save_options keeps in a TIFF).
+    profile, the resolution and the XMP (tag 700) where `metadata` has them (TIFF_HOLDS; not the EXIF).
     Grey + alpha is refused: Pillow, and so this package, cannot read such a TIFF back."""
     h, w = arr.shape[:2]
     c = MODES[mode]
@@ -301,6 +302,8 @@ def encode_tiff(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byt
         entries += [(282, _RATIONAL, [x, 10000]), (283, _RATIONAL, [y, 10000]), (296, _SHORT, [2])]
     if "icc" in md_:
         entries.append((34675, _UNDEFINED, list(md_["icc"])))
+    if "xmp" in md_:
+        entries.append((700, _BYTE, list(md_["xmp"])))
     entries.sort()
     data = b"".join(strips)
     offsets = list(np.cumsum([8] + [len(b) for b in strips[:-1]]).tolist())

@@ -18,8 +18,14 @@ An image's metadata is a dict (`SourceImage.metadata`), each entry optional:
     "chromaticity"  PNG cHRM, 8 floats (white point and primaries, each the integer / 100000)
     "dpi"   [x, y]  resolution in dots per inch (PNG pHYs, TIFF, JPEG JFIF, BMP)
 
-Not kept: JPEG comments, TIFF tags other than the profile and resolution, PNG chunks Pillow does
-not parse (tIME, sBIT, bKGD, ...), a PNG's pixel aspect ratio without a unit, the order of chunks.
+A TIFF holds its EXIF in its own tags (0.9.29): the metadata ones of its first directory (description,
+make, model, orientation, software, date, artist, copyright, rating: TIFF_EXIF_TAGS) and its Exif and
+GPS directories are kept as "exif" (a TIFF structure of those alone, made by Pillow), its XMP (tag
+700) as "xmp"; a TIFF output gets both back as tags (an 8-bit one: Pillow writes them; a 16-bit one,
+deep.encode_tiff, the profile, resolution and XMP: not the EXIF).
+
+Not kept: JPEG comments, other TIFF tags (IPTC, Photoshop's), PNG chunks Pillow does not parse (tIME,
+sBIT, bKGD, ...), a PNG's pixel aspect ratio without a unit, the order of chunks.
 
 In a .sfc file (format version 5, container.py) the metadata of every image is one section after
 the payload: the images' blobs ("icc", "exif", "xmp" as they are, "info" the canonical JSON of the
@@ -49,11 +55,22 @@ NAMES = {"icc": "ICC profile", "exif": "EXIF", "xmp": "XMP", "text": "PNG text",
          "srgb": "sRGB intent", "chromaticity": "chromaticities", "dpi": "resolution (dpi)"}
 
 
+# the metadata tags of a TIFF's first directory that EXIF has there too: ImageDescription, Make, Model,
+# Orientation, Software, DateTime, Artist, Copyright, Rating, RatingPercent (not the image's structure:
+# size, strips, compression ...); and the pointers to its Exif and GPS directories
+TIFF_EXIF_TAGS = (270, 271, 272, 274, 305, 306, 315, 33432, 18246, 18249)
+EXIF_DIRECTORIES = (0x8769, 0x8825)
+
+
 # --- reading from Pillow ------------------------------------------------------------------------
 def read(img) -> dict:
-    """The metadata of an opened Pillow image (its `info`, and a PNG's text chunks)."""
+    """The metadata of an opened Pillow image (its `info`, a PNG's text chunks, a TIFF's EXIF tags)."""
     info = img.info
     md: dict[str, Any] = {}
+    if img.format == "TIFF" and "exif" not in info:
+        exif = _tiff_exif(img)
+        if exif:
+            md["exif"] = exif
     for key, name in (("icc_profile", "icc"), ("exif", "exif"), ("xmp", "xmp")):
         v = info.get(key)
         if isinstance(v, str):
@@ -90,6 +107,30 @@ def read(img) -> dict:
     if isinstance(d, tuple) and len(d) == 2 and all(_number(v, *DPI_RANGE) for v in d):
         md["dpi"] = [float(v) for v in d]
     return md
+
+
+def _tiff_exif(img) -> bytes | None:
+    """A TIFF's EXIF (TIFF_EXIF_TAGS of its first directory, its Exif and GPS directories) as the TIFF
+    structure PNG's eXIf holds (Pillow's Exif.tobytes, its "Exif\\0\\0" taken off); None where it has none
+    or Pillow cannot read them."""
+    from PIL import Image
+
+    try:
+        tags = img.getexif()
+        out = Image.Exif()
+        for tag in TIFF_EXIF_TAGS:
+            if tag in tags:
+                out[tag] = tags[tag]
+        for tag in EXIF_DIRECTORIES:
+            sub = tags.get_ifd(tag)
+            if sub:
+                out.get_ifd(tag).update(sub)
+        if not len(out) and not any(out.get_ifd(t) for t in EXIF_DIRECTORIES):
+            return None
+        data = out.tobytes()
+    except Exception:  # a damaged directory: the pixels still count, its EXIF is not kept
+        return None
+    return data[len(_EXIF_PREFIX):] if data.startswith(_EXIF_PREFIX) else data
 
 
 # --- writing through Pillow ---------------------------------------------------------------------
@@ -130,16 +171,31 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
         if info.chunks:
             kw["pnginfo"] = info
         return kw, dropped
-    held = {"WEBP": ("icc", "exif", "xmp"), "TIFF": ("icc", "dpi"), "BMP": ("dpi",)}.get(fmt, ())
+    held = {"WEBP": ("icc", "exif", "xmp"), "TIFF": ("icc", "dpi", "exif", "xmp"), "BMP": ("dpi",)}.get(fmt, ())
     for name in md:
         if name not in held:
             dropped.append(NAMES[name])
     for name, arg in (("icc", "icc_profile"), ("exif", "exif"), ("xmp", "xmp")):
         if name in md and name in held:
             kw[arg] = md[name]
+    if fmt == "TIFF" and ("exif" in kw or "xmp" in kw):  # both as tags, through Pillow's exif argument
+        kw["exif"] = _tiff_tags(kw.get("exif"), kw.pop("xmp", None))
     if "dpi" in md and "dpi" in held:
         kw["dpi"] = tuple(md["dpi"])
     return kw, dropped
+
+
+def _tiff_tags(exif: bytes | None, xmp: bytes | None):
+    """Pillow's Exif for a TIFF's save(exif=): the EXIF's tags (its first directory's become the TIFF's
+    own, its Exif and GPS directories written as such) and the XMP as tag 700."""
+    from PIL import Image
+
+    out = Image.Exif()
+    if exif:
+        out.load(_EXIF_PREFIX + exif)
+    if xmp:
+        out[700] = xmp
+    return out
 
 
 def describe(kept: dict) -> str:

@@ -141,16 +141,63 @@ def test_png_keeps_everything(tmp_path):
 
 def test_other_formats_keep_what_they_hold(tmp_path):
     src = _load(_png(), tmp_path)
-    held = {".webp": {"icc", "exif", "xmp"}, ".tif": {"icc", "dpi"}, ".bmp": {"dpi"}, ".ppm": set()}
+    held = {".webp": {"icc", "exif", "xmp"}, ".tif": {"icc", "dpi", "exif", "xmp"}, ".bmp": {"dpi"}, ".ppm": set()}
     for suffix, keeps in held.items():
         dropped = images.metadata_dropped(src.metadata, suffix)
         assert sorted(dropped) == sorted(md.NAMES[k] for k in src.metadata if k not in keeps), suffix
         back = _reload(images.encode_image(images.to_pil(src), suffix, src.metadata)).metadata
-        for k in keeps - {"dpi"}:
+        for k in keeps - {"dpi", "exif" if suffix == ".tif" else ""}:
             assert back[k] == src.metadata[k], (suffix, k)
+        if suffix == ".tif":  # the EXIF as the TIFF's own tags; Pillow turns the pixels by its orientation on loading
+            assert _tags(back["exif"]) == {k: v for k, v in _tags(src.metadata["exif"]).items() if k != 0x0112}
         if "dpi" in keeps:  # TIFF keeps a rational, BMP whole pixels per metre
             assert back["dpi"] == [pytest.approx(300, abs=0.02)] * 2, suffix
         assert not {"text", "gamma", "chromaticity"} & set(back), suffix
+
+
+def _tags(exif: bytes) -> dict:
+    e = Image.Exif()
+    e.load(b"Exif\0\0" + exif)
+    top = {k: v for k, v in e.items() if k not in md.EXIF_DIRECTORIES}  # not the directories' offsets
+    return {**top, **{(d, k): v for d in md.EXIF_DIRECTORIES for k, v in e.get_ifd(d).items()}}
+
+
+def _tiff_with_exif(path, xmp: bool = True):
+    """A TIFF as a raw developer exports one: EXIF in its own tags (make, model, software, date; the Exif
+    directory's capture date, exposure, MakerNote; GPS), XMP in tag 700."""
+    e = Image.Exif()
+    e[0x010F], e[0x0110], e[0x0131], e[0x0132] = "Camera", "Model X", "darktable 4.6", "2024:05:06 07:08:09"
+    e[0x8298] = "(c) someone"
+    sub = e.get_ifd(0x8769)
+    sub[0x9003], sub[0x829A], sub[0x927C] = "2024:05:06 07:08:09", 0.004, b"maker's own bytes"
+    e.get_ifd(0x8825)[1] = "N"
+    if xmp:
+        e[700] = XMP.encode()
+    _pixels().save(path, "TIFF", exif=e.tobytes())  # (Pillow writes the directories only uncompressed)
+    return path
+
+
+def test_a_tiffs_exif_and_xmp_are_kept(tmp_path):
+    """A TIFF's EXIF lives in its own tags (not an EXIF block): its metadata tags, Exif and GPS directories
+    and XMP (tag 700) are kept (0.9.29), its structure (size, strips, compression) not; they come back in
+    a PNG (eXIf, iTXt), a WebP and a TIFF; a TIFF without such tags has no EXIF."""
+    src = images.load_image(_tiff_with_exif(tmp_path / "dev.tif"))
+    tags = _tags(src.metadata["exif"])
+    assert tags[0x010F] == "Camera" and tags[0x0131] == "darktable 4.6" and tags[0x8298] == "(c) someone"
+    assert tags[(0x8769, 0x9003)] == "2024:05:06 07:08:09" and tags[(0x8769, 0x927C)] == b"maker's own bytes"
+    assert tags[(0x8825, 1)] == "N" and src.metadata["xmp"] == XMP.encode()
+    assert not {256, 257, 258, 259, 262, 273, 277, 278, 279, 700} & set(tags)  # structure and XMP: not EXIF tags
+    data, _ = api.compress([src], None, fallback="seed")
+    back = api.decompress(data)[0]
+    assert back.metadata == src.metadata
+    for suffix in (".png", ".webp", ".tif"):
+        p = tmp_path / f"out{suffix}"
+        p.write_bytes(images.encode_source(back, suffix))
+        again = images.load_image(p).metadata
+        assert _tags(again["exif"]) == tags and again["xmp"] == XMP.encode(), suffix
+        assert "EXIF" not in images.metadata_dropped(back.metadata, suffix)
+    _pixels().save(tmp_path / "plain.tif")
+    assert "exif" not in images.load_image(tmp_path / "plain.tif").metadata
 
 
 def test_png_drops_what_it_cannot_hold():
