@@ -28,15 +28,18 @@ import io
 import struct
 import sys
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from . import metadata as md
-from .coding import deep_codec
-from .coding.ans import Message
-from .coding.distributions import uniform
 from .errors import BadFileError, UnsupportedImageError
+
+if TYPE_CHECKING:
+    from .coding.ans import Message
+# The coding layer (ANS: constriction) is imported where the low bits are coded, so that reading and
+# writing images (images.py, the trainer's folder data) needs none: a GPU machine without it trains.
 
 MODES = {"L;16": 1, "LA;16": 2, "RGB;16": 3, "RGBA;16": 4}  # 16-bit modes and their channels
 BASE_MODE = {"L;16": "L", "LA;16": "LA", "RGB;16": "RGB", "RGBA;16": "RGBA"}
@@ -126,6 +129,8 @@ def describe(deep: dict) -> str:
 def push_table(m, table: np.ndarray) -> float:
     """The sorted distinct values (uint16 [k], k given by the header) onto an ANS stack: the gaps
     between them, each in as many bits as the largest needs. Returns the bits."""
+    from .coding.distributions import uniform
+
     gaps = np.diff(table.astype(np.int64), prepend=0)  # the first "gap" is the first value, >= 0
     nbits = max(_bit_length(int(gaps.max())), 1)
     uniform(1 << nbits, (len(gaps),)).push(m, gaps)
@@ -135,6 +140,8 @@ def push_table(m, table: np.ndarray) -> float:
 
 def pop_table(m, k: int, shift: int) -> np.ndarray:
     """push_table's table; BadFileError where it is not strictly increasing within 16 - shift bits."""
+    from .coding.distributions import uniform
+
     nbits = int(uniform(17, ()).pop(m))
     if nbits < 1:
         raise BadFileError("corrupt .sfc file: bad 16-bit value table")
@@ -150,12 +157,16 @@ def pop_table(m, k: int, shift: int) -> np.ndarray:
 def push_image(m: Message, hi: np.ndarray, lo: np.ndarray | None, table: np.ndarray | None, deep: dict) -> float:
     """One image's share of the low-bit section onto an ANS stack (hi: every channel's high bits,
     uint8 [C, H, W]); pop_image's inverse. Returns the predicted bits."""
+    from .coding import deep_codec
+
     bits = deep_codec.push(m, hi, lo, deep["low"]) if deep.get("low") else 0.0
     return bits + (push_table(m, table) if deep.get("table") else 0.0)
 
 
 def pop_image(m: Message, hi: np.ndarray, deep: dict) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(low bits, table) of one image, as push_image pushed them."""
+    from .coding import deep_codec
+
     table = pop_table(m, deep["table"], deep["shift"]) if deep.get("table") else None
     lo = deep_codec.pop(m, hi, deep["low"]) if deep.get("low") else None
     return lo, table
