@@ -1,13 +1,15 @@
 """sfcodec's `-d DIR`: each input its own output in a directory, the files in parallel (0.9.29).
 
 A folder of photographs: `sfcodec compress photos/*.png -d sfc/` (or `photos/`: the image files in it;
-with -r its subfolders' too, mirrored under DIR), then `sfcodec decompress sfc/*.sfc -d back/`. Each file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once
-as --jobs says (default: every usable core, within the available memory; workers.each), each with its
-share of torch's threads. A file that fails (not an image, a corrupt .sfc, an output that exists) is
-one error line and the others go on; the exit code is the first failed file's in the inputs' order, 0
-where every file succeeded. --skip-existing leaves a file whose output exists (outputs appear only when
-complete, fileio.atomic_write), so a stopped run over a folder resumes where it ended. Output names that would clash (a/x.png and b/x.png) are refused before
-anything runs: with --force the second would overwrite the first.
+with -r its subfolders' too, mirrored under DIR), then `sfcodec decompress sfc/*.sfc -d back/`. Each
+file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once as --jobs
+says (default: every usable core, within the available memory; workers.each), each with its share of
+torch's threads. A file that fails (not an image, a corrupt .sfc, an output that exists) is one error
+line and the others go on; the exit code is the first failed file's in the inputs' order, 0 where
+every file succeeded. --skip-existing leaves a file whose output exists (outputs appear only when
+complete, fileio.atomic_write), so a stopped run over a folder resumes where it ended. Output names
+that would clash (a/x.png and b/x.png) are refused before anything runs: with --force the second
+would overwrite the first.
 """
 from __future__ import annotations
 
@@ -97,13 +99,19 @@ def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
     except SfcError as e:
         if isinstance(e, OutputPresentError) and opts.get("skip_existing"):
             return Outcome(0)
-        text = str(e)
-        return Outcome(e.exit_code, error=f"sfcodec: error: {text if str(name) in text else f'{name}: {text}'}")
+        return Outcome(e.exit_code, error=error_line(name, e))
     except MemoryError:
         return Outcome(1, error=f"sfcodec: error: {name}: out of memory (try fewer files at once: --jobs)")
     except Exception as e:  # a bug: one line, as sfcodec's own handler says it
         return Outcome(1, error=f"sfcodec: internal error: {name}: {e.__class__.__name__}: {e} "
                                 "(run this file alone with SFCODEC_DEBUG=1 for the traceback, and please report it)")
+
+
+def error_line(name, e: SfcError) -> str:
+    """sfcodec's line for one file's error among several: the message, the file's name first where the
+    message does not hold it."""
+    text = str(e)
+    return f"sfcodec: error: {text if str(name) in text else f'{name}: {text}'}"
 
 
 def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path) -> int:

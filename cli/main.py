@@ -295,8 +295,8 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @METADATA_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, steps, tile, device, verify, arith, fallback, no_fallback, jobs,
-             keep_metadata, force, quiet):
+def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, steps, tile, device, verify, arith,
+             fallback, no_fallback, jobs, keep_metadata, force, quiet):
     """Compress images into one .sfc file (-o), or each into its own (-d)."""
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
             "arith": arith, "fallback": "off" if no_fallback else fallback, "jobs": jobs,
@@ -389,6 +389,8 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
                            "decompressed", output_dir))
     if len(inputs) > 1:
         raise UsageError(f"{len(inputs)} .sfc files and one -o: give -d DIR to decompress each into DIR")
+    if inputs[0].is_dir():
+        raise BadFileError(f"{inputs[0]}: is a directory (-d DIR decodes each .sfc file in it)")
     if fmt is not None:
         raise UsageError("--format goes with -d; with -o the file name's suffix gives the format")
     summary = _decompress_file(inputs[0], output, opts, quiet)
@@ -463,20 +465,23 @@ def info(inputs, as_json):
         else:
             _show_info(inputs[0], data, h)
         return
+    from cli.batch import error_line
+
     code, listed = 0, []
-    for k, input in enumerate(inputs):
+    for input in inputs:
         try:
             data = _read_sfc(input)
             h = api.read_header(data)
         except SfcError as e:
-            click.echo(f"sfcodec: error: {e if str(input) in str(e) else f'{input}: {e}'}", err=True)
+            click.echo(error_line(input, e), err=True)
             code = code or e.exit_code
             continue
         if as_json:
             listed.append({"file": str(input), "header": h})
         else:
-            if k:
+            if listed:
                 click.echo("")
+            listed.append(input)
             _show_info(input, data, h)
     if as_json:
         click.echo(json.dumps(listed, indent=2, sort_keys=True))
