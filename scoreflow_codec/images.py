@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,7 +367,9 @@ def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) ->
     if fmt == "PNG" and "transparency" in img.info:
         kw["transparency"] = img.info["transparency"]
     buf = io.BytesIO()
-    img.save(buf, format=fmt, **kw)
+    with warnings.catch_warnings():  # Pillow's warnings about a kept EXIF's odd tags (a TIFF's): not the user's
+        warnings.simplefilter("ignore")
+        img.save(buf, format=fmt, **kw)
     return buf.getvalue()
 
 

@@ -179,7 +179,15 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
         if name in md and name in held:
             kw[arg] = md[name]
     if fmt == "TIFF" and ("exif" in kw or "xmp" in kw):  # both as tags, through Pillow's exif argument
-        kw["exif"] = _tiff_tags(kw.get("exif"), kw.pop("xmp", None))
+        exif, xmp = kw.pop("exif", None), kw.pop("xmp", None)
+        tags = _tiff_tags(exif, xmp)
+        if tags is None and exif and xmp:  # the EXIF's tags are what Pillow cannot write: the XMP alone
+            tags = _tiff_tags(None, xmp)
+            dropped.append(NAMES["exif"] + " (tags Pillow cannot write into a TIFF)")
+        if tags is not None:
+            kw["exif"] = tags
+        else:
+            dropped += [NAMES[k] + " (tags Pillow cannot write into a TIFF)" for k in ("exif", "xmp") if k in md]
     if "dpi" in md and "dpi" in held:
         kw["dpi"] = tuple(md["dpi"])
     return kw, dropped
@@ -187,14 +195,25 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
 
 def _tiff_tags(exif: bytes | None, xmp: bytes | None):
     """Pillow's Exif for a TIFF's save(exif=): the EXIF's tags (its first directory's become the TIFF's
-    own, its Exif and GPS directories written as such) and the XMP as tag 700."""
+    own, its Exif and GPS directories written as such) and the XMP as tag 700; None where Pillow cannot
+    write them (a value its tag's type cannot hold, as a damaged EXIF has: tried on a 1x1 TIFF), so
+    that the image is still written, without them, and the warning says so."""
+    import io
+    import warnings
+
     from PIL import Image
 
-    out = Image.Exif()
-    if exif:
-        out.load(_EXIF_PREFIX + exif)
-    if xmp:
-        out[700] = xmp
+    try:
+        out = Image.Exif()
+        if exif:
+            out.load(_EXIF_PREFIX + exif)
+        if xmp:
+            out[700] = xmp
+        with warnings.catch_warnings():  # Pillow warns of tags with more values than their kind has
+            warnings.simplefilter("ignore")
+            Image.new("L", (1, 1)).save(io.BytesIO(), "TIFF", exif=out)
+    except Exception:
+        return None
     return out
 
 

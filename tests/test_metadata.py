@@ -198,6 +198,19 @@ def test_a_tiffs_exif_and_xmp_are_kept(tmp_path):
         assert "EXIF" not in images.metadata_dropped(back.metadata, suffix)
     _pixels().save(tmp_path / "plain.tif")
     assert "exif" not in images.load_image(tmp_path / "plain.tif").metadata
+    # an EXIF whose values its tags' types cannot hold (a damaged one, kept from a JPEG or PNG as it was):
+    # the TIFF is still written, without it, and the warning says why
+    bad = Image.Exif()
+    bad[0x0112], bad[0x010F] = 3, "Camera"
+    raw = bytearray(bad.tobytes()[6:])
+    at = raw.index(b"\x01\x12\x00\x03") if raw[:2] == b"MM" else raw.index(b"\x12\x01\x03\x00")
+    raw[at + 2:at + 4] = b"\x00\x08" if raw[:2] == b"MM" else b"\x08\x00"  # orientation as SSHORT ...
+    raw[at + 8:at + 10] = b"\xff\xfb" if raw[:2] == b"MM" else b"\xfb\xff"  # ... -5
+    meta = {"exif": bytes(raw), "xmp": b"<x/>"}
+    dropped = images.metadata_dropped(meta, ".tif")
+    assert dropped == ["EXIF (tags Pillow cannot write into a TIFF)"]
+    out = _reload(images.encode_image(_pixels(), ".tif", meta))
+    assert "exif" not in out.metadata and out.metadata["xmp"] == b"<x/>"
 
 
 def test_png_drops_what_it_cannot_hold():

@@ -14,6 +14,7 @@ from PIL import Image
 
 from scoreflow_codec.images import IMAGE_SUFFIXES
 
+
 def load_images(path: str | Path) -> list[np.ndarray]:
     """uint8 [H, W, 3] arrays from an .npz (key "images") or every image in a folder (recursive; the
     suffixes of images.IMAGE_SUFFIXES), each as the codec's model codes it (codec_pixels)."""
