@@ -319,3 +319,25 @@ def test_info_of_several_files(photos, tmp_path):
     listed = json.loads(r.stdout)
     assert r.exit_code == 0 and [x["file"] for x in listed] == [str(d / "a.sfc"), str(d / "b.sfc")]
     assert listed[0]["header"] == json.loads(sfcodec("info", d / "a.sfc", "--json").stdout)
+
+
+def test_a_16_bit_tiff_output_names_the_exif_it_cannot_hold(tmp_path):
+    """A 16-bit image with EXIF and XMP decompressed to .tif (deep.encode_tiff): the XMP written, the EXIF
+    named in decompress's one warning line; to .png both kept, no warning."""
+    from scoreflow_codec import images
+
+    exif = Image.Exif()
+    exif[0x010F] = "Camera"
+    src = images.from_array(np.random.default_rng(3).integers(0, 65536, (9, 11, 3), dtype=np.uint16))
+    src.metadata = {"exif": exif.tobytes()[6:], "xmp": b"<x:xmpmeta>deep</x:xmpmeta>"}
+    p = tmp_path / "deep.png"
+    p.write_bytes(images.encode_source(src, ".png"))
+    s = tmp_path / "deep.sfc"
+    assert sfcodec("compress", p, "-o", s, *SEED, "-q").exit_code == 0
+    r = sfcodec("decompress", s, "-o", tmp_path / "back.tif")
+    assert r.exit_code == 0 and lines(r)[0].startswith("sfcodec: warning: back.tif: TIFF cannot hold the image's EXIF:")
+    back = images.load_image(tmp_path / "back.tif")
+    assert back.metadata["xmp"] == src.metadata["xmp"] and "exif" not in back.metadata
+    r = sfcodec("decompress", s, "-o", tmp_path / "back.png")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    assert images.load_image(tmp_path / "back.png").metadata == images.load_image(p).metadata
