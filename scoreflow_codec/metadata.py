@@ -60,6 +60,9 @@ NAMES = {"icc": "ICC profile", "exif": "EXIF", "xmp": "XMP", "text": "PNG text",
 # size, strips, compression ...); and the pointers to its Exif and GPS directories
 TIFF_EXIF_TAGS = (270, 271, 272, 274, 305, 306, 315, 33432, 18246, 18249)
 EXIF_DIRECTORIES = (0x8769, 0x8825)
+# a directory's pointer to another (the Exif directory's to its Interoperability one): Pillow copies
+# it as a plain number when it writes the directory again, an offset into whatever lies there then
+NESTED_POINTERS = (0xA005,)
 
 
 # --- reading from Pillow ------------------------------------------------------------------------
@@ -122,7 +125,7 @@ def _tiff_exif(img) -> bytes | None:
             if tag in tags:
                 out[tag] = tags[tag]
         for tag in EXIF_DIRECTORIES:
-            sub = tags.get_ifd(tag)
+            sub = {k: v for k, v in tags.get_ifd(tag).items() if k not in NESTED_POINTERS}
             if sub:
                 out.get_ifd(tag).update(sub)
         if not len(out) and not any(out.get_ifd(t) for t in EXIF_DIRECTORIES):
@@ -194,8 +197,9 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
 
 
 def _tiff_tags(exif: bytes | None, xmp: bytes | None):
-    """Pillow's Exif for a TIFF's save(exif=): the EXIF's tags (its first directory's become the TIFF's
-    own, its Exif and GPS directories written as such) and the XMP as tag 700; None where Pillow cannot
+    """Pillow's Exif for a TIFF's save(exif=): the EXIF's metadata tags (TIFF_EXIF_TAGS of its first
+    directory become the TIFF's own; its Exif and GPS directories written as such, without their
+    NESTED_POINTERS) and the XMP as tag 700; None where Pillow cannot
     write them (a value its tag's type cannot hold, as a damaged EXIF has: tried on a 1x1 TIFF), so
     that the image is still written, without them, and the warning says so."""
     import io
@@ -206,7 +210,18 @@ def _tiff_tags(exif: bytes | None, xmp: bytes | None):
     try:
         out = Image.Exif()
         if exif:
-            out.load(_EXIF_PREFIX + exif)
+            full = Image.Exif()
+            full.load(_EXIF_PREFIX + exif)
+            for tag in TIFF_EXIF_TAGS:  # its first directory's metadata tags (not a JPEG's resolution ...)
+                if tag in full:
+                    out[tag] = full[tag]
+            for tag in EXIF_DIRECTORIES:
+                sub = {k: v for k, v in full.get_ifd(tag).items() if k not in NESTED_POINTERS}
+                if sub:
+                    out.get_ifd(tag).update(sub)
+            again = Image.Exif()  # through bytes: Pillow's TIFF writer writes the directories it finds as tags
+            again.load(out.tobytes())
+            out = again
         if xmp:
             out[700] = xmp
         with warnings.catch_warnings():  # Pillow warns of tags with more values than their kind has

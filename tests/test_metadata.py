@@ -213,6 +213,50 @@ def test_a_tiffs_exif_and_xmp_are_kept(tmp_path):
     assert "exif" not in out.metadata and out.metadata["xmp"] == b"<x/>"
 
 
+def _camera_exif() -> bytes:
+    """A camera's EXIF, big-endian, written by hand: make and orientation in its first directory, a
+    pointer to its Exif directory (capture date), which points to an Interoperability directory."""
+    def directory(entries, extra_at):
+        out, extra = struct.pack(">H", len(entries)), b""
+        for tag, typ, count, val in entries:
+            if len(val) <= 4:
+                out += struct.pack(">HHI", tag, typ, count) + val.ljust(4, b"\0")
+            else:
+                out += struct.pack(">HHII", tag, typ, count, extra_at + len(extra))
+                extra += val
+        return out + struct.pack(">I", 0), extra
+
+    date = b"2024:01:01 00:00:00\0"
+    exif_at = 8 + 2 + 3 * 12 + 4
+    inter_at = exif_at + 2 + 2 * 12 + 4 + len(date)
+    first, x0 = directory([(0x010F, 2, 4, b"Cam\0"), (0x0112, 3, 1, struct.pack(">H", 1)),
+                           (0x8769, 4, 1, struct.pack(">I", exif_at))], exif_at)
+    exif, x1 = directory([(0x9003, 2, len(date), date), (0xA005, 4, 1, struct.pack(">I", inter_at))],
+                         exif_at + 2 + 2 * 12 + 4)
+    inter, x2 = directory([(0x0001, 2, 4, b"R98\0")], inter_at + 18)
+    return b"MM\0*" + struct.pack(">I", 8) + first + x0 + exif + x1 + inter + x2
+
+
+def test_a_tiff_gets_no_pointer_that_points_nowhere():
+    """Pillow writes a directory's pointer to another (the Exif directory's to its Interoperability one)
+    again as a plain number: into a TIFF, an offset to whatever lies there. A TIFF output gets the EXIF's
+    metadata tags and its Exif directory without that pointer, and reading a TIFF keeps none."""
+    raw = _camera_exif()
+    e = Image.Exif()
+    e.load(raw)
+    assert e.get_ifd(0x8769)[0xA005] and e.get_ifd(0xA005) == {1: "R98"}  # what a camera writes
+    data = images.encode_image(_pixels(), ".tif", {"exif": raw})
+    assert struct.pack("<HH", 0xA005, 4) not in data and struct.pack(">HH", 0xA005, 4) not in data
+    tiff = Image.open(io.BytesIO(data))
+    tiff.load()
+    assert tiff.getexif()[0x010F] == "Cam" and tiff.getexif().get_ifd(0x8769) == {0x9003: "2024:01:01 00:00:00"}
+    pillows = io.BytesIO()
+    _pixels().save(pillows, "TIFF", exif=raw)  # Pillow's own TIFF: its Exif directory keeps the stale pointer
+    kept = md.read(Image.open(io.BytesIO(pillows.getvalue())))
+    got = {k: v for k, v in _tags(kept["exif"]).items() if k != 0x0112}  # orientation: Pillow's to apply or not
+    assert got == {0x010F: "Cam", (0x8769, 0x9003): "2024:01:01 00:00:00"}
+
+
 def test_png_drops_what_it_cannot_hold():
     both = {"icc": ICC, "srgb": 0}  # PNG holds a profile or an sRGB intent, not both
     assert md.save_options(both, "PNG")[1] == ["sRGB intent (beside an ICC profile)"]
