@@ -280,57 +280,55 @@ def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byte
 
 
 TIFF_STRIP_BYTES = 1 << 16  # about this many bytes of samples per strip
-# TIFF field types: (code, struct letter)
-_BYTE, _SHORT, _LONG, _RATIONAL, _UNDEFINED = (1, "B"), (3, "H"), (4, "I"), (5, "II"), (7, "B")
-TIFF_HOLDS = ("icc", "dpi", "xmp")  # the metadata encode_tiff writes (EXIF's tags and directories: not yet)
+_SHORT, _LONG, _RATIONAL, _UNDEFINED = 3, 4, 5, 7  # TIFF field types
 
 
 def encode_tiff(arr: np.ndarray, mode: str, metadata: dict | None = None) -> bytes:
     """A 16-bit TIFF of uint16 [H, W, C] (grey, RGB or RGBA): little-endian, strips of about
     TIFF_STRIP_BYTES compressed with Deflate after horizontal differencing (predictor 2), with the ICC
-    profile, the resolution and the XMP (tag 700) where `metadata` has them (TIFF_HOLDS; not the EXIF).
-    Grey + alpha is refused: Pillow, and so this package, cannot read such a TIFF back."""
+    profile, the resolution, the EXIF's tags and directories and the XMP (tag 700) where `metadata` has
+    them (as an 8-bit TIFF through Pillow: metadata.save_options, which names what it leaves out). The
+    directory is laid out by Pillow's TIFF directory writer (since 0.9.29: the EXIF's directories), at
+    the start, the strips after it. Grey + alpha is refused: Pillow, and so this package, cannot read
+    such a TIFF back."""
+    from PIL import TiffImagePlugin
+
     h, w = arr.shape[:2]
     c = MODES[mode]
     if "TIFF" not in WRITTEN_AS[mode]:
         raise UnsupportedImageError(f"a 16-bit {mode} image can only be written as .png")
     if arr.dtype != np.uint16 or arr.shape != (h, w, c):
         raise ValueError(f"expected uint16 [H, W, {c}], got {arr.dtype} {arr.shape}")
-    md_ = metadata or {}
     rows = max(1, TIFF_STRIP_BYTES // (2 * w * c))
     diff = arr.astype(np.int32)
     diff[:, 1:] -= arr[:, :-1]  # each sample minus the same channel's to its left, modulo 2**16
     raw = (diff & 0xFFFF).astype("<u2")
     strips = [zlib.compress(raw[y:y + rows].tobytes(), 6) for y in range(0, h, rows)]
-    entries = [(256, _LONG, [w]), (257, _LONG, [h]), (258, _SHORT, [16] * c), (259, _SHORT, [8]),
-               (262, _SHORT, [1 if c == 1 else 2]), (273, _LONG, [0] * len(strips)), (277, _SHORT, [c]),
-               (278, _LONG, [rows]), (279, _LONG, [len(b) for b in strips]), (284, _SHORT, [1]),
-               (317, _SHORT, [2])]
-    if c == 4:
-        entries.append((338, _SHORT, [2]))  # the fourth sample: unassociated alpha
-    if "dpi" in md_:
-        x, y = (max(1, round(float(v) * 10000)) for v in md_["dpi"])
-        entries += [(282, _RATIONAL, [x, 10000]), (283, _RATIONAL, [y, 10000]), (296, _SHORT, [2])]
-    if "icc" in md_:
-        entries.append((34675, _UNDEFINED, list(md_["icc"])))
-    if "xmp" in md_:
-        entries.append((700, _BYTE, list(md_["xmp"])))
-    entries.sort()
-    data = b"".join(strips)
-    offsets = list(np.cumsum([8] + [len(b) for b in strips[:-1]]).tolist())
-    entries = [(t, typ, offsets if t == 273 else v) for t, typ, v in entries]
-    extra, ifd_entries = b"", []
-    extra_at = 8 + len(data)
-    for tag, (code, letter), values in entries:
-        n = len(values) // 2 if letter == "II" else len(values)
-        packed = struct.pack(f"<{len(values)}{letter[0]}", *values)
-        if len(packed) <= 4:
-            ifd_entries.append(struct.pack("<HHI", tag, code, n) + packed.ljust(4, b"\0"))
+    ifd = TiffImagePlugin.ImageFileDirectory_v2(prefix=b"II")
+    kept, _ = md.save_options(metadata or {}, "TIFF")  # Pillow's save() arguments: what a TIFF holds
+    tags = kept.get("exif")  # the EXIF's tags and the XMP (metadata._tiff_tags), where there are any
+    for tag in tags or ():
+        if tag in md.EXIF_DIRECTORIES:
+            ifd.tagtype[tag] = _LONG
+            ifd[tag] = dict(tags.get_ifd(tag))  # written as a directory of its own
         else:
-            if (extra_at + len(extra)) % 2:  # values start on a word boundary
-                extra += b"\0"
-            ifd_entries.append(struct.pack("<HHII", tag, code, n, extra_at + len(extra)))
-            extra += packed
-    ifd_at = extra_at + len(extra) + (extra_at + len(extra)) % 2
-    ifd = struct.pack("<H", len(ifd_entries)) + b"".join(ifd_entries) + struct.pack("<I", 0)
-    return b"II*\0" + struct.pack("<I", ifd_at) + data + extra + b"\0" * (ifd_at - extra_at - len(extra)) + ifd
+            ifd[tag] = tags[tag]
+    # the image's own tags, over any of the same number in the EXIF; StripOffsets from the end of the
+    # directory's data (Pillow's writer adds it)
+    for tag, typ, value in [(256, _LONG, w), (257, _LONG, h), (258, _SHORT, (16,) * c), (259, _SHORT, 8),
+                            (262, _SHORT, 1 if c == 1 else 2),
+                            (273, _LONG, tuple(np.cumsum([0] + [len(b) for b in strips[:-1]]).tolist())),
+                            (277, _SHORT, c), (278, _LONG, rows), (279, _LONG, tuple(len(b) for b in strips)),
+                            (284, _SHORT, 1), (317, _SHORT, 2)] + ([(338, _SHORT, 2)] if c == 4 else []):
+        ifd.tagtype[tag] = typ  # 338: the fourth sample is unassociated alpha
+        ifd[tag] = value if not isinstance(value, tuple) or len(value) > 1 else value[0]
+    if "dpi" in kept:
+        for tag, v in ((282, kept["dpi"][0]), (283, kept["dpi"][1])):
+            ifd.tagtype[tag] = _RATIONAL
+            ifd[tag] = TiffImagePlugin.IFDRational(max(1, round(float(v) * 10000)), 10000)
+        ifd.tagtype[296] = _SHORT
+        ifd[296] = 2
+    if "icc_profile" in kept:
+        ifd.tagtype[34675] = _UNDEFINED
+        ifd[34675] = kept["icc_profile"]
+    return b"II*\0" + struct.pack("<I", 8) + ifd.tobytes(8) + b"".join(strips)

@@ -386,10 +386,8 @@ def encode_source(src: SourceImage, suffix: str) -> bytes:
     return encode_image(to_pil(src), suffix, src.metadata)
 
 
-def metadata_dropped(metadata: dict, suffix: str, deep: bool = False) -> list[str]:
-    """What of `metadata` a file of this suffix's format cannot hold (names, metadata.NAMES); deep: of a
-    16-bit image (its TIFF written by deep.encode_tiff, which holds deep.TIFF_HOLDS)."""
+def metadata_dropped(metadata: dict, suffix: str) -> list[str]:
+    """What of `metadata` a file of this suffix's format cannot hold (names, metadata.NAMES): the same for
+    an 8-bit image and a 16-bit one (whose PNG and TIFF writers, deep.py, write what save_options keeps)."""
     fmt = LOSSLESS_SAVE.get(suffix.lower())
-    if deep and fmt == "TIFF":
-        return [md.NAMES[k] for k in metadata if k not in dp.TIFF_HOLDS]
     return md.save_options(metadata, fmt)[1] if fmt else []

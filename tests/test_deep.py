@@ -355,7 +355,7 @@ def test_written_png_keeps_metadata(tmp_path):
 @pytest.mark.parametrize("c", [1, 3, 4])
 def test_written_tiff_is_a_16_bit_tiff(tmp_path, c):
     """decompress's 16-bit TIFF (Deflate, the predictor, strips): read back whole by us and by libtiff,
-    with its ICC profile, resolution and XMP; Pillow alone gives the high bytes."""
+    with its ICC profile, resolution, EXIF and XMP; Pillow alone gives the high bytes."""
     arr = RNG.integers(0, 65536, (37, 301, c), dtype=np.uint16)  # several strips
     src = images.from_array(arr)
     exif = Image.Exif()
@@ -367,10 +367,8 @@ def test_written_tiff_is_a_16_bit_tiff(tmp_path, c):
     p.write_bytes(data)
     back = images.load_image(p)
     assert back.mode == MODES[c] and np.array_equal(images.to_array(back), arr)
-    assert back.metadata == {"icc": bytes(range(77)), "dpi": [300.0, 150.0],  # what this TIFF holds (the rest: a warning)
-                             "xmp": b"<x:xmpmeta>16</x:xmpmeta>"}
-    assert images.metadata_dropped(src.metadata, ".tif", deep=True) == ["PNG text", "EXIF"]
-    assert images.metadata_dropped(src.metadata, ".tif") == ["PNG text"]  # an 8-bit TIFF (Pillow) holds the EXIF
+    assert back.metadata == {k: v for k, v in src.metadata.items() if k != "text"}  # what a TIFF holds
+    assert images.metadata_dropped(src.metadata, ".tif") == ["PNG text"]  # the rest: decompress's warning
     seen = np.asarray(Image.open(p))
     assert np.array_equal(seen, arr[..., 0] if c == 1 else (arr >> 8).astype(np.uint8))
     imagecodecs = pytest.importorskip("imagecodecs", reason="imagecodecs (the test extra) reads TIFFs with libtiff")
