@@ -19,8 +19,8 @@ TIFF as 8-bit RGB / RGBA, keeping the high bytes; `read_wide` has Pillow's decod
 rows twice, the high bytes and then the low ones (PNG's unfiltering and Adam7, TIFF's strips,
 tiles, compression and predictor are the same either way).
 `encode_png` writes a 16-bit PNG: the chunks Pillow writes for the metadata (metadata.save_options)
-around our own 16-bit IHDR and IDAT; `encode_tiff` a 16-bit TIFF of our own layout (Pillow writes
-only 16-bit grey).
+around our own 16-bit IHDR and IDAT; `encode_tiff` a 16-bit TIFF of our own strips (Pillow writes
+only 16-bit grey) behind a directory laid out by Pillow's TIFF directory writer (the metadata's tags).
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ An image's metadata is a dict (`SourceImage.metadata`), each entry optional:
 A TIFF holds its EXIF in its own tags (0.9.29): the metadata ones of its first directory (description,
 make, model, orientation, software, date, artist, copyright, rating: TIFF_EXIF_TAGS) and its Exif and
 GPS directories are kept as "exif" (a TIFF structure of those alone, made by Pillow), its XMP (tag
-700) as "xmp"; a TIFF output gets both back as tags (an 8-bit one: Pillow writes them; a 16-bit one,
-deep.encode_tiff, the profile, resolution and XMP: not the EXIF).
+700) as "xmp"; a TIFF output gets both back as tags (written by Pillow: an 8-bit one's whole file, a
+16-bit one's directory, deep.encode_tiff), without a directory's pointer to another (NESTED_POINTERS).
 
 Not kept: JPEG comments, other TIFF tags (IPTC, Photoshop's), PNG chunks Pillow does not parse (tIME,
 sBIT, bKGD, ...), a PNG's pixel aspect ratio without a unit, the order of chunks.
