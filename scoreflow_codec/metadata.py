@@ -116,24 +116,30 @@ def _tiff_exif(img) -> bytes | None:
     """A TIFF's EXIF (TIFF_EXIF_TAGS of its first directory, its Exif and GPS directories) as the TIFF
     structure PNG's eXIf holds (Pillow's Exif.tobytes, its "Exif\\0\\0" taken off); None where it has none
     or Pillow cannot read them."""
-    from PIL import Image
-
     try:
-        tags = img.getexif()
-        out = Image.Exif()
-        for tag in TIFF_EXIF_TAGS:
-            if tag in tags:
-                out[tag] = tags[tag]
-        for tag in EXIF_DIRECTORIES:
-            sub = {k: v for k, v in tags.get_ifd(tag).items() if k not in NESTED_POINTERS}
-            if sub:
-                out.get_ifd(tag).update(sub)
+        out = _exif_subset(img.getexif())
         if not len(out) and not any(out.get_ifd(t) for t in EXIF_DIRECTORIES):
             return None
         data = out.tobytes()
     except Exception:  # a damaged directory: the pixels still count, its EXIF is not kept
         return None
     return data[len(_EXIF_PREFIX):] if data.startswith(_EXIF_PREFIX) else data
+
+
+def _exif_subset(tags):
+    """A new Pillow Exif of `tags`' (an Exif) TIFF_EXIF_TAGS and EXIF_DIRECTORIES, the directories without
+    NESTED_POINTERS: what a TIFF's tags hold of an EXIF, and what a TIFF output gets of one."""
+    from PIL import Image
+
+    out = Image.Exif()
+    for tag in TIFF_EXIF_TAGS:
+        if tag in tags:
+            out[tag] = tags[tag]
+    for tag in EXIF_DIRECTORIES:
+        sub = {k: v for k, v in tags.get_ifd(tag).items() if k not in NESTED_POINTERS}
+        if sub:
+            out.get_ifd(tag).update(sub)
+    return out
 
 
 # --- writing through Pillow ---------------------------------------------------------------------
@@ -197,11 +203,10 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
 
 
 def _tiff_tags(exif: bytes | None, xmp: bytes | None):
-    """Pillow's Exif for a TIFF's save(exif=): the EXIF's metadata tags (TIFF_EXIF_TAGS of its first
-    directory become the TIFF's own; its Exif and GPS directories written as such, without their
-    NESTED_POINTERS) and the XMP as tag 700; None where Pillow cannot
-    write them (a value its tag's type cannot hold, as a damaged EXIF has: tried on a 1x1 TIFF), so
-    that the image is still written, without them, and the warning says so."""
+    """Pillow's Exif for a TIFF's save(exif=): the EXIF's _exif_subset (its first directory's metadata
+    tags become the TIFF's own, its Exif and GPS directories written as such) and the XMP as tag 700;
+    None where Pillow cannot write them (a value its tag's type cannot hold, as a damaged EXIF has:
+    tried on a 1x1 TIFF), so that the image is still written, without them, and the warning says so."""
     import io
     import warnings
 
@@ -212,16 +217,8 @@ def _tiff_tags(exif: bytes | None, xmp: bytes | None):
         if exif:
             full = Image.Exif()
             full.load(_EXIF_PREFIX + exif)
-            for tag in TIFF_EXIF_TAGS:  # its first directory's metadata tags (not a JPEG's resolution ...)
-                if tag in full:
-                    out[tag] = full[tag]
-            for tag in EXIF_DIRECTORIES:
-                sub = {k: v for k, v in full.get_ifd(tag).items() if k not in NESTED_POINTERS}
-                if sub:
-                    out.get_ifd(tag).update(sub)
-            again = Image.Exif()  # through bytes: Pillow's TIFF writer writes the directories it finds as tags
-            again.load(out.tobytes())
-            out = again
+            # through bytes: Pillow's TIFF writer writes the directories it finds as tags
+            out.load(_exif_subset(full).tobytes())
         if xmp:
             out[700] = xmp
         with warnings.catch_warnings():  # Pillow warns of tags with more values than their kind has
