@@ -93,7 +93,9 @@ def batch(imgset, work: Path, extra: list[str], env: dict, jobs: int | None) -> 
     more = ["--jobs", str(jobs)] if jobs else []
     enc = _run(_sfcodec() + ["compress", *map(str, srcs), "-d", str(work / "sfc"), "-q", *more, *extra], env)
     sfcs = sorted((work / "sfc").glob("*.sfc"))
-    dec = _run(_sfcodec() + ["decompress", *map(str, sfcs), "-d", str(work / "back"), "-q", *more], env) if sfcs else None
+    dec = None
+    if sfcs:
+        dec = _run(_sfcodec() + ["decompress", *map(str, sfcs), "-d", str(work / "back"), "-q", *more], env)
     rows = []
     for p, name in zip(srcs, imgset.names):
         row = {"image": name, "dims": int(arrs[p.stem].size)}
@@ -103,7 +105,8 @@ def batch(imgset, work: Path, extra: list[str], env: dict, jobs: int | None) -> 
                                          f"{dec[2] if dec else None}: {(enc[3] + (dec[3] if dec else ''))[-300:]}"})
             continue
         data = sfc.read_bytes()
-        got = np.asarray(Image.open(back))
+        with Image.open(back) as im:
+            got = np.asarray(im)
         rows.append({**row, "bytes": len(data), "bpd": 8.0 * len(data) / arrs[p.stem].size,
                      "coded_by": "seed" if api.seed_only(api.read_header(data)["fields"]) else "model",
                      "identical": bool(np.array_equal(got.reshape(arrs[p.stem].shape), arrs[p.stem]))})
@@ -141,8 +144,9 @@ def markdown(s: dict, title: str) -> str:
             lines += [f"| one `compress -d` of all, s | {b['compress_s']:.1f} | | |",
                       f"| one `decompress -d` of all, s | {b['decompress_s'] or 0:.1f} | | |",
                       f"| their peak RSS, MiB | {b['compress_rss_mib']:.0f} / {b['decompress_rss_mib'] or 0:.0f} | | |"]
-        lines += ["", f"{s['bytes']} bytes, {s['bpd']:.3f} bits/dim; mean bits/dim {s['mean_bpd']:.3f}; files written by the seed codec alone: "
-                      f"{s['coded_by']['seed']}, by the model's stream: {s['coded_by']['model']}"]
+        lines += ["", f"{s['bytes']} bytes, {s['bpd']:.3f} bits/dim; mean bits/dim {s['mean_bpd']:.3f}; "
+                      f"files written by the seed codec alone: {s['coded_by']['seed']}, by the model's stream: "
+                      f"{s['coded_by']['model']}"]
     return "\n".join(lines)
 
 
@@ -190,9 +194,10 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"set": imgset.name, "compress_args": extra, "jobs": args.batch_jobs if args.batch else args.jobs, "batch": args.batch,
-                                                      "threads": args.threads, "machine": machine_info(),
-                                                      "summary": s, "images": rows}, indent=1))
+        (out / "results.json").write_text(json.dumps({
+            "set": imgset.name, "compress_args": extra, "jobs": args.batch_jobs if args.batch else args.jobs,
+            "batch": args.batch, "threads": args.threads, "machine": machine_info(), "summary": s, "images": rows},
+            indent=1))
     return 0 if s["failed"] == 0 and s["identical"] == s["images"] else 1
 
 

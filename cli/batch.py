@@ -25,7 +25,8 @@ import click
 from scoreflow_codec.coding import workers
 from scoreflow_codec.errors import OutputPresentError, SfcError, UsageError
 
-FILE_PEAK_PIXELS = 1 << 20  # memory per file process: the seed codec's largest part, workers.PART_PEAK_BYTES_PER_PIXEL each
+# memory per file process: the seed codec's largest part, at workers.PART_PEAK_BYTES_PER_PIXEL
+FILE_PEAK_PIXELS = 1 << 20
 
 
 @dataclass
