@@ -100,10 +100,10 @@ def _context():
     return multiprocessing.get_context("fork" if forks() else "spawn")
 
 
-def _leave_ctrl_c(threads: int | None = None) -> None:
-    """A worker ignores Ctrl-C: the terminal sends it to every process of the group, and the parent,
-    which handles it, stops the workers; a worker of its own would print a traceback beside
-    "sfcodec: interrupted" (2 and 3 of 8 interrupted Kodak compresses did, before this).
+def _start_worker(threads: int | None = None) -> None:
+    """Each worker process at its start. It ignores Ctrl-C: the terminal sends it to every process of
+    the group, and the parent, which handles it, stops the workers; a worker of its own would print a
+    traceback beside "sfcodec: interrupted" (2 and 3 of 8 interrupted Kodak compresses did, before this).
 
     threads: torch's CPU threads in this worker (several workers share the cores): set before torch
     loads (OMP_NUM_THREADS, unless the user chose it), or 1 where the worker was forked from a
@@ -133,8 +133,8 @@ def _pool(n: int, advice: str, threads: int | None = None):
     """A pool of n processes for the scope. A process that dies (killed for memory) is an SfcError
     with `advice`; on any other exception (Ctrl-C among them) the processes are stopped at once, as
     what they do is no longer wanted; otherwise the scope waits for them to end. threads: see
-    _leave_ctrl_c (None: torch's default in each worker)."""
-    ex = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=_context(), initializer=_leave_ctrl_c,
+    _start_worker (None: torch's default in each worker)."""
+    ex = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=_context(), initializer=_start_worker,
                                                 initargs=(threads,))
     try:
         yield ex
