@@ -94,7 +94,7 @@ def _folder(top: Path, recursive: bool, kinds: frozenset[str]) -> list[Path]:
 def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
     """fn(inputs, output, opts, quiet=True) (cli.main's _compress_files or _decompress_file), its errors
     as the one line sfcodec prints for them; in a worker process or in this one."""
-    name = inputs[0] if isinstance(inputs, list) else inputs
+    name = _name(inputs)
     try:
         return Outcome(0, fn(inputs, output, opts, True))
     except SfcError as e:
@@ -106,6 +106,11 @@ def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
     except Exception as e:  # a bug: one line, as sfcodec's own handler says it
         return Outcome(1, error=f"sfcodec: internal error: {name}: {e.__class__.__name__}: {e} "
                                 "(run this file alone with SFCODEC_DEBUG=1 for the traceback, and please report it)")
+
+
+def _name(inputs) -> Path:
+    """The input file a task names: compress's one-element list, or decompress's path."""
+    return inputs[0] if isinstance(inputs, list) else inputs
 
 
 def error_line(name, e: SfcError) -> str:
@@ -172,8 +177,6 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
         click.echo(f"sfcodec: {len(done)} of {len(tasks)} file(s) {verb} into {out_dir}{left}: {what}, "
                    f"{time.perf_counter() - t0:.1f}s ({procs} process{'es' if procs > 1 else ''})", err=True)
     if failed and len(tasks) > 1:
-        first = tasks[failed[0]][0]
-        first = first[0] if isinstance(first, list) else first
-        click.echo(f"sfcodec: {len(failed)} of {len(tasks)} file(s) failed; the first, {first}, with exit code "
-                   f"{outcomes[failed[0]].code}", err=True)
+        click.echo(f"sfcodec: {len(failed)} of {len(tasks)} file(s) failed; the first, {_name(tasks[failed[0]][0])}, "
+                   f"with exit code {outcomes[failed[0]].code}", err=True)
     return outcomes[failed[0]].code if failed else 0

@@ -467,7 +467,7 @@ def info(inputs, as_json):
         return
     from cli.batch import error_line
 
-    code, listed = 0, []
+    code, listed, shown = 0, [], 0
     for input in inputs:
         try:
             data = _read_sfc(input)
@@ -479,9 +479,9 @@ def info(inputs, as_json):
         if as_json:
             listed.append({"file": str(input), "header": h})
         else:
-            if listed:
+            if shown:
                 click.echo("")
-            listed.append(input)
+            shown += 1
             _show_info(input, data, h)
     if as_json:
         click.echo(json.dumps(listed, indent=2, sort_keys=True))
