@@ -279,6 +279,35 @@ def test_compress_summary_and_verify_flag(image, model_a, tmp_path):
     assert "model tiny-0" in last and "[ode," in last
 
 
+def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
+    """A JPEG input is lossy already: its decoded pixels, kept exactly, take more bytes than the JPEG file.
+    Where the .sfc is larger than the JPEG, one warning line says so (with -o and with -d); the file is
+    written and decodes to the JPEG's pixels. A PNG input is not warned about."""
+    rng = np.random.default_rng(5)
+    yy, xx = np.mgrid[0:48, 0:64]
+    arr = np.clip(np.stack([2 * xx, 3 * yy, xx + yy], -1) + rng.normal(0, 12, (48, 64, 3)), 0, 255).astype(np.uint8)
+    jpg, png = tmp_path / "p.jpg", tmp_path / "q.png"
+    Image.fromarray(arr).save(jpg, quality=60)
+    Image.fromarray(arr).save(png)
+    r = sfcodec("compress", jpg, "-o", tmp_path / "j.sfc", "--fallback", "seed")
+    assert_ok(r)
+    size = (tmp_path / "j.sfc").stat().st_size
+    assert size > jpg.stat().st_size  # the case this is about
+    warn = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+    assert warn == [f"sfcodec: warning: j.sfc ({size} bytes) is larger than its input file ({jpg.stat().st_size} "
+                    "bytes): a JPEG is lossy already, and its decoded pixels, kept exactly, take more bytes than the "
+                    "JPEG file (keep the JPEG itself)"]
+    assert_ok(sfcodec("decompress", tmp_path / "j.sfc", "-o", tmp_path / "back.png", "-q"))
+    with Image.open(jpg) as a, Image.open(tmp_path / "back.png") as b:
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    r = sfcodec("compress", jpg, png, "-d", tmp_path / "d", "--fallback", "seed", "--jobs", "1")
+    assert_ok(r)
+    assert [ln.split(" (")[0] for ln in r.stderr.splitlines() if "warning" in ln] == ["sfcodec: warning: p.sfc"]
+    r = sfcodec("compress", png, "-o", tmp_path / "n.sfc", "--fallback", "seed")
+    assert_ok(r)
+    assert "warning" not in r.stderr and (tmp_path / "n.sfc").stat().st_size > 0
+
+
 def test_api_compress_defaults_are_the_cli_s(image, model_a, tmp_path, one_thread):
     """api.compress(sources, model) with no options writes the very bytes that `sfcodec compress`
     writes with its defaults (--mode chain, --fallback auto, exact64, the model's tile and steps):
