@@ -3,9 +3,10 @@
 A folder of photographs: `sfcodec compress photos/*.png -d sfc/` (or `photos/`: the image files in it;
 with -r its subfolders' too, mirrored under DIR), then `sfcodec decompress sfc/*.sfc -d back/`. Each
 file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once as --jobs
-says (default: every usable core, within the available memory; workers.each), each with its share of
-torch's threads. A file that fails (not an image, a corrupt .sfc, an output that exists) is one error
-line and the others go on; the exit code is the first failed file's in the inputs' order, 0 where
+says (default: every usable core), each with its share of torch's threads, and no more at once than the
+memory available at the start holds by each file's estimated peak (file_need, from the image's or the
+.sfc file's header; workers.each starts the first file that fits as another ends: 0.9.30). A file
+that fails (not an image, a corrupt .sfc, an output that exists) is one error line and the others go on; the exit code is the first failed file's in the inputs' order, 0 where
 every file succeeded. --skip-existing leaves a file whose output exists (outputs appear only when
 complete, fileio.atomic_write), so a stopped run over a folder resumes where it ended. Output names
 that would clash (a/x.png and b/x.png) are refused before anything runs: with --force the second
@@ -13,6 +14,7 @@ would overwrite the first.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -25,8 +27,20 @@ import click
 from scoreflow_codec.coding import workers
 from scoreflow_codec.errors import OutputPresentError, SfcError, UsageError
 
-# memory per file process: the seed codec's largest part, at workers.PART_PEAK_BYTES_PER_PIXEL
-FILE_PEAK_PIXELS = 1 << 20
+log = logging.getLogger(__name__)
+
+# What one file's process holds at its peak, for how many files run at once (workers.each's budget:
+# the memory available when the run starts): an upper estimate. Peak RSS measured with /usr/bin/time on
+# the 2-core Intel Xeon (0.9.29, one process, --jobs 1), against the estimate: compress with the defaults
+# (torch, the photo model's quick look) 1024x768 820 MiB (1,136), 2048x1536 1,263 (1,472), 4000x3000
+# 1,813 (2,012); --fallback seed 1024x768 580 (752), 2048x1536 1,054 (1,088), 16-bit 1,075 (1,136);
+# decompress (the seed codec's files) 1024x768 363 (512), 2048x1536 458 (768).
+PROCESS_BYTES = 128 << 20  # Python, numpy and the package, before the image
+MODEL_BYTES = 384 << 20  # torch and a model: compress unless --fallback seed, decompress of a model's stream
+CODING_BYTES_PER_PIXEL = {"compressed": 768, "decompressed": 448}  # the seed codec on one part's pixels
+PART_SIDE = 1024  # a seed codec part holds at most 1024x1024 pixels (stream.SEED_ONLY_MAX_TILE)
+IMAGE_BYTES_PER_PIXEL = 64  # the whole image's arrays
+DEEP_BYTES_PER_PIXEL = 16  # and a 16-bit image's low bits
 
 
 @dataclass
@@ -108,6 +122,30 @@ def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
                                 "(run this file alone with SFCODEC_DEBUG=1 for the traceback, and please report it)")
 
 
+def file_need(inputs, opts: dict, verb: str) -> int:
+    """An estimate of the memory (bytes) of the process that codes this task's file with opts["jobs"]
+    processes (its parts' processes and the encoder's second analysis process included), from the
+    image's or the .sfc file's header; PROCESS_BYTES where that cannot be read (the file fails at once)."""
+    from scoreflow_codec import api, container, images
+
+    try:
+        if verb == "compressed":
+            w, h, deep = images.peek(_name(inputs))
+            sizes, model = [(w, h, deep)], opts.get("fallback") != "seed"
+        else:
+            header = api.read_header(container.head(inputs))
+            sizes = [(w, h * n, "16" in mode) for w, h, mode, n in header["images"]]
+            model = api.needs_model(header)
+    except (SfcError, OSError):
+        return PROCESS_BYTES
+    pixels = sum(w * h for w, h, _ in sizes)
+    parts = sum(-(-w // PART_SIDE) * -(-h // PART_SIDE) for w, h, _ in sizes)
+    jobs = opts.get("jobs") or 1
+    coders = 1 if jobs == 1 else min(jobs, max(parts, 2 if verb == "compressed" else 1))
+    return (PROCESS_BYTES + MODEL_BYTES * model + coders * CODING_BYTES_PER_PIXEL[verb] * min(pixels, PART_SIDE ** 2)
+            + sum(w * h * (IMAGE_BYTES_PER_PIXEL + DEEP_BYTES_PER_PIXEL * deep) for w, h, deep in sizes))
+
+
 def _name(inputs) -> Path:
     """The input file a task names: compress's one-element list, or decompress's path."""
     return inputs[0] if isinstance(inputs, list) else inputs
@@ -121,21 +159,32 @@ def error_line(name, e: SfcError) -> str:
 
 
 def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path) -> int:
-    """Each task (inputs, output, opts) through attempt(fn, ...), `jobs` files at once (None: the usable
-    cores, within the available memory); prints each file's line as it ends and a total -> the exit code."""
+    """Each task (inputs, output, opts) through attempt(fn, ...), at most `jobs` processes (None: the usable
+    cores), no more files at once than the available memory holds by their estimates (file_need); prints
+    each file's line as it ends and a total -> the exit code."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for folder in sorted({t[1].parent for t in tasks} - {out_dir}):  # a folder input's subfolders (-r)
             folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
-    # --jobs (default: the usable cores, within the available memory) counts processes in all: files at
-    # once, and where there are fewer files than that, each file's parts (a photograph above 1024x1024)
-    # in the rest; one file at a time codes as -o does
-    total = jobs if jobs is not None else workers.auto_jobs(workers.usable_cores(), FILE_PEAK_PIXELS)
+    # --jobs (default: the usable cores) counts processes in all: files at once, and where there are fewer
+    # files than that, each file's parts (a photograph above 1024x1024) in the rest; one file at a time
+    # codes as -o does. How many files run at once: as many as the memory available now holds by their
+    # estimates (each file's parts' processes included), the first that fits starting as another ends
+    total = jobs if jobs is not None else workers.usable_cores() if workers.parallel_by_default() else 1
     procs = max(1, min(total, len(tasks)))
+    need = None
     if procs > 1:
         tasks = [(i, o, {**opts, "jobs": max(1, total // procs)}) for i, o, opts in tasks]
+        need = [file_need(i, opts, verb) for i, _, opts in tasks]
+    budget = workers.available_memory()
+    if need is not None:
+        mib = lambda b: f"{b / (1 << 20):,.0f} MiB"  # noqa: E731
+        log.info(
+            f"{procs} processes ({max(1, total // procs)} for each file's parts); memory "
+            f"{'unknown' if budget is None else mib(budget) + ' available'}, a file's estimated peak "
+            f"{mib(min(need))} - {mib(max(need))}: files start as long as their estimates fit")
     t0 = time.perf_counter()
     outcomes: dict[int, Outcome] = {}
     bar = None
@@ -152,7 +201,7 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
             click.echo(line, err=True)
 
     try:
-        for k, out in workers.each(attempt, [(fn, *t) for t in tasks], procs):
+        for k, out in workers.each(attempt, [(fn, *t) for t in tasks], procs, need, budget):
             outcomes[k] = out
             if out.error is not None:
                 say(out.error)

@@ -276,6 +276,18 @@ def peek_header(data: bytes) -> dict:
     return _parse_header(data)[0]
 
 
+def head(path) -> bytes:
+    """The first bytes of a .sfc file, up to its header's CRC: all that peek_header reads, without
+    reading the payload (a folder's files, for sfcodec -d's memory estimate). Fewer where the file is
+    shorter or not a .sfc file (peek_header then says so); OSError where it cannot be read."""
+    with open(path, "rb") as f:
+        data = f.read(len(MAGIC) + _FIXED.size)
+        if len(data) == len(MAGIC) + _FIXED.size and data.startswith(MAGIC):
+            hlen = _FIXED.unpack_from(data, len(MAGIC))[2]
+            data += f.read(min(hlen, MAX_HEADER_BYTES) + _U32.size)
+    return data
+
+
 def format_version(data: bytes) -> int:
     """The format version of .sfc bytes whose header checks out (peek_header's checks)."""
     return _parse_header(data)[2]

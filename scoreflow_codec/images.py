@@ -237,6 +237,18 @@ def _wide_rawmode(img: Image.Image) -> str | None:
     return None
 
 
+def peek(path: str | os.PathLike) -> tuple[int, int, bool]:
+    """(width, height, whether its samples are 16-bit) of an image file, from its header alone (no pixels
+    decoded): what load_image would read, for an estimate of the memory it takes to code (sfcodec -d).
+    Raises BadImageError where Pillow cannot read the file (load_image says why)."""
+    try:
+        with Image.open(path) as img:
+            deep = img.mode.startswith("I;16") or _wide_rawmode(img) is not None
+            return img.size[0], img.size[1], deep
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise BadImageError(f"{path}: cannot read image ({e.__class__.__name__})") from None
+
+
 def load_image(path: str | os.PathLike) -> SourceImage:
     p = Path(path)
     if not p.exists():

@@ -94,9 +94,9 @@ def test_the_files_run_in_other_processes(photos, tmp_path, monkeypatch):
     seen = []
     real = workers.each
 
-    def spy(fn, items, jobs):
+    def spy(fn, items, jobs, need=None, budget=None):
         seen.append((jobs, {item[-1]["jobs"] for item in items}))
-        yield from real(fn, items, jobs)
+        yield from real(fn, items, jobs, need, budget)
 
     monkeypatch.setattr(workers, "each", spy)
     assert sfcodec("compress", *photos, "-d", tmp_path / "x", *SEED, "--jobs", "2", "-q").exit_code == 0
@@ -107,6 +107,58 @@ def test_the_files_run_in_other_processes(photos, tmp_path, monkeypatch):
     assert sfcodec("compress", *photos, "-d", tmp_path / "y", *SEED, "-q").exit_code == 0
     # --jobs counts processes in all: files at once, the rest for each file's parts; one file: as -o
     assert seen == [(2, {1}), (1, {None}), (2, {2}), (3, {2})]
+
+
+def test_the_files_at_once_fit_in_the_available_memory(photos, tmp_path, monkeypatch):
+    """With -d, each file's process has its memory estimated (file_need, from the image's or the .sfc
+    file's header) and workers.each starts no more files at once than the memory available at the
+    start holds; the files are the same."""
+    seen = []
+    real = workers.each
+
+    def spy(fn, items, jobs, need=None, budget=None):
+        seen.append((need, budget))
+        yield from real(fn, items, jobs, need, budget)
+
+    monkeypatch.setattr(workers, "each", spy)
+    monkeypatch.setattr(workers, "available_memory", lambda: 5 << 30)
+    assert sfcodec("compress", *photos, "-d", tmp_path / "x", *SEED, "--jobs", "2", "-q").exit_code == 0
+    sfc = sorted((tmp_path / "x").iterdir())
+    assert sfcodec("decompress", *sfc, "-d", tmp_path / "y", "--jobs", "3", "-q").exit_code == 0
+    opts = {"fallback": "seed", "jobs": 1}
+    assert seen == [([batch.file_need([p], opts, "compressed") for p in photos], 5 << 30),
+                    ([batch.file_need(p, {"jobs": 1}, "decompressed") for p in sfc], 5 << 30)]
+    for p in photos:
+        assert same_pixels(p, tmp_path / "y" / f"{p.stem}.png")
+
+
+def test_a_files_memory_estimate(tmp_path):
+    """file_need: the process, torch and a model where they load, the seed codec's part (at most
+    1024x1024 pixels) once per process coding parts, the whole image's arrays (16-bit: twice)."""
+    MiB, part = 1 << 20, batch.CODING_BYTES_PER_PIXEL
+    big = tmp_path / "big.png"
+    Image.new("RGB", (2000, 1500), (9, 99, 199)).save(big)  # 2 x 2 parts of up to 1024x1024
+    deep = tmp_path / "deep.png"
+    Image.fromarray(np.full((1500, 2000), 40000, np.uint16)).save(deep)  # 16-bit grey
+    base = batch.PROCESS_BYTES + batch.IMAGE_BYTES_PER_PIXEL * 3_000_000
+    seed = {"fallback": "seed", "jobs": 1}
+    assert batch.file_need([big], seed, "compressed") == base + part["compressed"] * MiB
+    assert batch.file_need([big], {**seed, "fallback": "auto"}, "compressed") == (
+        base + batch.MODEL_BYTES + part["compressed"] * MiB)
+    assert batch.file_need([big], {**seed, "jobs": 3}, "compressed") == base + 3 * part["compressed"] * MiB
+    assert batch.file_need([big], {**seed, "jobs": 8}, "compressed") == base + 4 * part["compressed"] * MiB
+    assert batch.file_need([deep], seed, "compressed") == (
+        base + batch.DEEP_BYTES_PER_PIXEL * 3_000_000 + part["compressed"] * MiB)
+    small = _image(tmp_path / "s.png", 4, (300, 200))
+    assert batch.file_need([small], {**seed, "jobs": 2}, "compressed") == (  # the encoder's two analyses
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + 2 * part["compressed"]) * 60_000)
+    assert sfcodec("compress", small, "-o", tmp_path / "s.sfc", *SEED, "-q").exit_code == 0
+    assert batch.file_need(tmp_path / "s.sfc", {"jobs": 2}, "decompressed") == (  # one part, no model
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 60_000)
+    (tmp_path / "x.png").write_text("not an image")
+    for p in (tmp_path / "x.png", tmp_path / "missing.png"):
+        assert batch.file_need([p], seed, "compressed") == batch.PROCESS_BYTES  # fails at once in its worker
+    assert batch.file_need(tmp_path / "x.png", seed, "decompressed") == batch.PROCESS_BYTES
 
 
 def _pid(x):

@@ -16,6 +16,7 @@ from scoreflow_codec.container import (
     DEEP_VERSION,
     SECTION_VERSION,
     format_version,
+    head,
     pack,
     peek_header,
     require,
@@ -283,6 +284,25 @@ def test_peek_header_ignores_a_damaged_payload():
     assert peek_header(good[:-3]) == GOLDEN_HEADER
     with pytest.raises(BadFileError):
         unpack(good[:-3])
+
+
+@pytest.mark.parametrize("version", sorted(GOLDENS))
+def test_head_reads_the_header_and_not_the_payload(version, tmp_path):
+    """head(path): the bytes up to the header's CRC, whose peek_header is the whole file's; a file cut
+    anywhere before that fails in peek_header as the whole file does, with the same message."""
+    good = GOLDENS[version].read_bytes()
+    path = tmp_path / "f.sfc"
+    path.write_bytes(good + b"payload that head must not read" * 1000)
+    got = head(path)
+    assert good.startswith(got) and len(got) == len(MAGIC) + 8 + _header_bytes(good) + 4  # magic, fixed part, CRC
+    assert peek_header(got) == peek_header(good)
+    for k in range(len(got)):
+        path.write_bytes(good[:k])
+        with pytest.raises(BadFileError) as whole:
+            peek_header(good[:k])
+        with pytest.raises(BadFileError) as part:
+            peek_header(head(path))
+        assert str(part.value) == str(whole.value)
 
 
 @pytest.mark.parametrize("version", sorted(GOLDENS))

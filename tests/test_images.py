@@ -291,3 +291,23 @@ def test_non_images_are_refused(tmp_path):
     _refused(tmp_path, BadImageError, "directory")
     with pytest.raises(SfcError, match="nothing to compress"):
         api.compress([], loaded_gaussian())
+
+
+def test_peek_gives_the_size_and_depth_without_the_pixels(tmp_path):
+    """images.peek (sfcodec -d's memory estimate): the size and whether the samples are 16-bit, for every
+    kind load_image reads: 8-bit, 16-bit grey, 48-bit PNG (which Pillow opens as 8-bit RGB) and TIFF; a
+    file Pillow cannot read is a BadImageError."""
+    from deep_files import png16_by_hand, tiff16_by_hand
+
+    arr = np.random.default_rng(0).integers(0, 1 << 16, (5, 7, 3), dtype=np.uint16)
+    (tmp_path / "c.png").write_bytes(png16_by_hand(arr, interlace=False))
+    (tmp_path / "c.tif").write_bytes(tiff16_by_hand(arr))
+    Image.fromarray(arr[:, :, 0]).save(tmp_path / "g.png")
+    Image.fromarray((arr >> 8).astype(np.uint8)).save(tmp_path / "e.png")
+    for name, deep in (("c.png", True), ("c.tif", True), ("g.png", True), ("e.png", False)):
+        assert images.peek(tmp_path / name) == (7, 5, deep)
+        assert images.load_image(tmp_path / name).deep == deep
+    (tmp_path / "x.png").write_bytes(b"not an image")
+    for bad in (tmp_path / "x.png", tmp_path / "none.png"):
+        with pytest.raises(BadImageError):
+            images.peek(bad)

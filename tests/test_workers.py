@@ -174,3 +174,29 @@ def test_a_stopped_worker_leaves_no_temporary_file(tmp_path):
             assert [p.name.endswith(".tmp") for p in d.iterdir()] == [True]
             raise KeyError("stop")
     assert list(d.iterdir()) == [] and time.perf_counter() - t0 < 30
+
+
+def _interval(k, seconds):
+    t0 = time.time()
+    time.sleep(seconds)
+    return t0, time.time()
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_each_runs_no_more_at_once_than_the_memory_budget_holds():
+    """each(..., need, budget): an item starts only where its need fits beside those running (the first
+    that fits, in order), one larger than the budget alone: two large files never run together, the
+    small ones run beside either, and every item is done once."""
+    need, items = [4, 4, 1, 1], [(k, 0.6) for k in range(4)]
+    got = dict(workers.each(_interval, items, 4, need, 6))
+    assert sorted(got) == [0, 1, 2, 3]
+    assert not _overlap(got[0], got[1])  # 4 + 4 > 6
+    assert _overlap(got[0], got[2]) and _overlap(got[0], got[3])  # 4 + 1 + 1: 2 and 3 start beside 0, before 1
+    # an item above the budget runs alone; without a budget (memory unknown) all at once
+    got = dict(workers.each(_interval, [(k, 0.4) for k in range(3)], 3, [9, 1, 1], 5))
+    assert not _overlap(got[0], got[1]) and not _overlap(got[0], got[2]) and _overlap(got[1], got[2])
+    got = dict(workers.each(_interval, [(k, 0.6) for k in range(3)], 3, [9, 9, 9], None))
+    assert _overlap(got[0], got[1]) and _overlap(got[1], got[2])

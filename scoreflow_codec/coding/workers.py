@@ -168,18 +168,37 @@ def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
         return list(ex.map(fn, *zip(*items)))
 
 
-def each(fn: Callable, items: Sequence[tuple], jobs: int):
+def each(fn: Callable, items: Sequence[tuple], jobs: int, need: Sequence[int] | None = None,
+         budget: int | None = None):
     """Yields (i, fn(*items[i])) for every item as each is done, in `jobs` processes where jobs > 1 and
     there are several items (in this process, in order, otherwise). For independent whole tasks (a
     file each: sfcodec -d), so fn should catch its own errors and return them: an exception in a
     worker is raised here and stops the others, as in run. Each worker's torch gets its share of the
-    cores (usable_cores() // jobs threads)."""
+    cores (usable_cores() // jobs threads).
+
+    need, budget: each item's memory (bytes, an estimate) and what the items running at once may hold
+    together (None: no limit). An item starts where it fits beside those running, the first that fits
+    in the items' order (or where none runs: an item larger than the budget runs alone), so a folder of
+    large photographs runs fewer at once than one of small ones (0.9.30)."""
     if jobs <= 1 or len(items) <= 1:
         for i, item in enumerate(items):
             yield i, fn(*item)
         return
     n = min(jobs, len(items))
+    need = [0] * len(items) if need is None else list(need)
     with _pool(n, f"try fewer processes (--jobs, {jobs} now)", threads=max(1, usable_cores() // n)) as ex:
-        pending = {ex.submit(fn, *item): i for i, item in enumerate(items)}
-        for done in concurrent.futures.as_completed(pending):
-            yield pending[done], done.result()
+        waiting, running, held = list(range(len(items))), {}, 0
+        while waiting or running:
+            for i in list(waiting):
+                if len(running) >= n:
+                    break
+                if running and budget is not None and held + need[i] > budget:
+                    continue
+                waiting.remove(i)
+                running[ex.submit(fn, *items[i])] = i
+                held += need[i]
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                i = running.pop(fut)
+                held -= need[i]
+                yield i, fut.result()
