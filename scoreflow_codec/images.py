@@ -44,6 +44,11 @@ LOSSLESS_SAVE = {".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP", 
 IMAGE_SUFFIXES = frozenset({".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp", ".ppm", ".pgm", ".pnm",
                             ".gif", ".tga"})
 MAX_PIXELS = 100_000_000  # per image; bigger needs more memory than a laptop has to spare
+# camera raw files (0.9.30): many are TIFF-like, and Pillow reads their first picture, a small preview,
+# so they are refused by name, and a TIFF by what its first directory says (_preview_only)
+RAW_SUFFIXES = frozenset({".dng", ".cr2", ".cr3", ".crw", ".nef", ".nrw", ".arw", ".srf", ".sr2", ".orf", ".rw2",
+                          ".raf", ".pef", ".srw", ".rwl", ".3fr", ".erf", ".kdc", ".dcr", ".mrw", ".x3f", ".iiq"})
+_RAW_ADVICE = "develop it into a 16-bit TIFF or PNG first (sfcodec keeps every bit of those)"
 
 
 @dataclass
@@ -249,14 +254,35 @@ def peek(path: str | os.PathLike) -> tuple[int, int, bool]:
         raise BadImageError(f"{path}: cannot read image ({e.__class__.__name__})") from None
 
 
+def _preview_only(img: Image.Image) -> str | None:
+    """Why a TIFF's first picture is not the image (a camera raw file's preview), else None: a DNG
+    (DNGVersion, tag 50706), or a first directory marked as a reduced-resolution copy of another
+    (NewSubfileType bit 0: a raw file's thumbnail, whose full picture Pillow does not read)."""
+    if img.format != "TIFF":
+        return None
+    tags = getattr(img, "tag_v2", {})
+    size = f"{img.size[0]}x{img.size[1]}"
+    if 50706 in tags:
+        return f"a camera raw file (DNG): Pillow reads only its {size} preview, not the raw data; {_RAW_ADVICE}"
+    if isinstance(tags.get(254), int) and tags[254] & 1:
+        return (f"its first picture ({size}) is a reduced-resolution preview of another one, which is not read "
+                f"(a camera raw file?); {_RAW_ADVICE}")
+    return None
+
+
 def load_image(path: str | os.PathLike) -> SourceImage:
     p = Path(path)
     if not p.exists():
         raise BadImageError(f"{p}: no such file")
     if p.is_dir():
         raise BadImageError(f"{p}: is a directory, not an image")
+    if p.suffix.lower() in RAW_SUFFIXES:
+        raise UnsupportedImageError(f"{p}: camera raw files ({p.suffix}) are not supported: {_RAW_ADVICE}")
     try:
         with Image.open(p) as img:
+            why = _preview_only(img)
+            if why:
+                raise UnsupportedImageError(why)
             wide, how = _wide_rawmode(img), dp.wide_colour(img)
             if how:
                 _no_transparent_colour(img)

@@ -721,10 +721,19 @@ def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
     if kind == "float":
         Image.fromarray(_rng(0).random((4, 4)).astype(np.float32), "F").save(p.with_suffix(".tif"))
         return p.with_suffix(".tif"), ["float"]
+    if kind in ("dng", "nef"):  # a camera raw file: Pillow would read its preview (a TIFF marked as a DNG here)
+        from PIL import TiffImagePlugin
+
+        info = TiffImagePlugin.ImageFileDirectory_v2()
+        info[50706], info.tagtype[50706] = b"\x01\x04\x00\x00", 1
+        p = p.with_suffix(".tif" if kind == "dng" else ".nef")
+        Image.fromarray(_smooth_rgb(8, 6), "RGB").save(p, format="TIFF", tiffinfo=info)
+        return p, ["camera raw"]
     raise ValueError(kind)
 
 
-BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_trns"]
+BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_trns", "dng",
+              "nef"]
 
 
 @pytest.mark.parametrize("kind", BAD_IMAGES)

@@ -293,6 +293,34 @@ def test_non_images_are_refused(tmp_path):
         api.compress([], loaded_gaussian())
 
 
+def _tiff_with(path, tags: dict, size=(16, 10)) -> None:
+    from PIL import TiffImagePlugin
+
+    info = TiffImagePlugin.ImageFileDirectory_v2()
+    for tag, (value, kind) in tags.items():
+        info[tag] = value
+        info.tagtype[tag] = kind
+    Image.fromarray(np.full((size[1], size[0], 3), 77, np.uint8)).save(path, format="TIFF", tiffinfo=info)
+
+
+def test_camera_raw_files_are_refused_not_coded_as_their_preview(tmp_path):
+    """Pillow opens many camera raw files (TIFF-like) as their first picture, a small preview: coding that
+    would look like success and keep a thumbnail. Refused by name (.dng, .nef, .cr2, ... any case), and a
+    TIFF by its first directory: a DNG (DNGVersion), or a picture marked a reduced-resolution copy
+    (NewSubfileType bit 0). A TIFF marked a full-resolution picture (NewSubfileType 0, 2: a page) is coded."""
+    dng = {50706: (b"\x01\x04\x00\x00", 1), 254: (1, 4)}
+    _tiff_with(tmp_path / "a.tif", dng)
+    _refused(tmp_path / "a.tif", UnsupportedImageError, "camera raw file (DNG)", "16x10 preview", "16-bit TIFF")
+    _tiff_with(tmp_path / "b.tif", {254: (1, 4)})
+    _refused(tmp_path / "b.tif", UnsupportedImageError, "reduced-resolution preview", "camera raw file?")
+    for name in ("c.DNG", "d.nef", "e.cr2", "f.ARW"):
+        _tiff_with(tmp_path / name, {})  # whatever is inside: refused by the name before it is read
+        _refused(tmp_path / name, UnsupportedImageError, "camera raw files", "not supported")
+    for kind in (0, 2):
+        _tiff_with(tmp_path / f"full{kind}.tif", {254: (kind, 4)})
+        assert images.load_image(tmp_path / f"full{kind}.tif").size == (16, 10)
+
+
 def test_peek_gives_the_size_and_depth_without_the_pixels(tmp_path):
     """images.peek (sfcodec -d's memory estimate): the size and whether the samples are 16-bit, for every
     kind load_image reads: 8-bit, 16-bit grey, 48-bit PNG (which Pillow opens as 8-bit RGB) and TIFF; a
