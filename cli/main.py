@@ -30,6 +30,7 @@ Examples:
   sfcodec compress a.png b.png c.png -o set.sfc      # one stream: cheaper per image
   sfcodec compress photos/ -d sfc/                   # each image in photos/ its own sfc/NAME.sfc (-r: subfolders)
   sfcodec compress img.png -o img.sfc --mode ode     # the probability-flow ODE (slow on a CPU)
+  sfcodec compress - -o - < img.png > img.sfc        # - : standard input / output
 """
 
 
@@ -193,14 +194,73 @@ def _sections(rep) -> str:
 def _load_images(paths, keep_metadata: bool) -> list:
     from scoreflow_codec import images
 
-    sources = [images.load_image(p) for p in paths]
+    sources = [_stdin_image() if _stdio(p) else images.load_image(p) for p in paths]
     if not keep_metadata:
         for s in sources:
             s.metadata = {}
     return sources
 
 
+# --- "-": standard input and output (0.9.30) ----------------------------------------------------
+# `sfcodec compress - -o - < img.png > img.sfc`, `sfcodec decompress - -o - < img.sfc > out.png`: an input
+# "-" is read from standard input (alone), an output "-" written to standard output (never a terminal);
+# the summary and any error stay on stderr.
+STDIO_NAME = "<stdin>"
+
+
+def _stdio(path) -> bool:
+    return path is not None and str(path) == "-"
+
+
+def _shown(path) -> str:
+    """A path as messages name it: <stdin> for "-"."""
+    return STDIO_NAME if _stdio(path) else str(path)
+
+
+def _read_stdin(what: str) -> bytes:
+    stream = click.get_binary_stream("stdin")
+    if stream.isatty():
+        raise UsageError(f"- reads {what} from standard input, which is a terminal: redirect or pipe one in")
+    return stream.read()
+
+
+def _check_stdout() -> None:
+    """Before any work: standard output must not be a terminal (binary data would fill it)."""
+    if click.get_binary_stream("stdout").isatty():
+        raise UsageError("-o - writes binary data to standard output, which is a terminal: redirect it (> FILE) "
+                         "or pipe it")
+
+
+def _write(path: Path, data: bytes) -> None:
+    """The output's bytes: to standard output for "-", else atomic_write."""
+    if _stdio(path):
+        out = click.get_binary_stream("stdout")
+        out.write(data)
+        out.flush()
+    else:
+        atomic_write(path, data)
+
+
+def _stdin_image():
+    """The image on standard input: read whole, through a temporary file (as load_image reads every
+    kind), its errors naming <stdin>."""
+    import tempfile
+
+    from scoreflow_codec import images
+
+    data = _read_stdin("an image")
+    with tempfile.TemporaryDirectory(prefix="sfcodec-") as d:
+        tmp = Path(d) / "stdin"
+        tmp.write_bytes(data)
+        try:
+            return images.load_image(tmp)
+        except SfcError as e:
+            raise type(e)(str(e).replace(str(tmp), STDIO_NAME)) from None
+
+
 def _read_sfc(path: Path) -> bytes:
+    if _stdio(path):
+        return _read_stdin("a .sfc file")
     if not path.exists():
         raise BadFileError(f"{path}: no such file")
     if path.is_dir():
@@ -277,7 +337,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @cli.command(epilog=EPILOG_COMPRESS)
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="The .sfc file to write (all the inputs in one file).")
+              help="The .sfc file to write (all the inputs in one file); - : standard output.")
 @OUTPUT_DIR_OPTION
 @RECURSIVE_OPTION
 @SKIP_OPTION
@@ -302,7 +362,10 @@ def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, 
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
             "arith": arith, "fallback": "off" if no_fallback else fallback, "jobs": jobs,
             "keep_metadata": keep_metadata, "force": force, "skip_existing": skip_existing}
-    if _one_of(output, output_dir, recursive, skip_existing, force) == "dir":
+    how = _one_of(output, output_dir, recursive, skip_existing, force)
+    if any(_stdio(i) for i in inputs) and (len(inputs) > 1 or how == "dir"):
+        raise UsageError("- (an image on standard input) goes alone, with -o")
+    if how == "dir":
         from cli import batch
         from scoreflow_codec.images import IMAGE_SUFFIXES
 
@@ -310,8 +373,10 @@ def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, 
         sys.exit(batch.run(_compress_files, [([i], t, opts) for i, t in zip(files, targets)], jobs, quiet,
                            "compressed", output_dir))
     for i in inputs:
-        if i.is_dir():
+        if i.is_dir() and not _stdio(i):
             raise BadImageError(f"{i}: is a directory, not an image (-d DIR codes each image in it)")
+    if _stdio(output):
+        _check_stdout()
     summary = _compress_files(list(inputs), output, opts, quiet)
     if not quiet:
         for w in summary.warnings:
@@ -337,10 +402,12 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
     from cli.batch import Summary
     from scoreflow_codec import api
 
-    _check_output(output, o["force"], inputs)
+    if not _stdio(output):
+        _check_output(output, o["force"], inputs)
     sources = _load_images(inputs, o["keep_metadata"])
     for src, p in zip(sources, inputs):
-        src.meta.setdefault("name", p.name)
+        if not _stdio(p):  # an image from standard input has no name to keep
+            src.meta.setdefault("name", p.name)
     mode, device, jobs = o["mode"], o["device"], o["jobs"]
     m = _load_model(o["model"], device, [s.size for s in sources], o["fallback"])
     t0 = time.perf_counter()
@@ -356,9 +423,9 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
             back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
         dec_s = time.perf_counter() - t1
         api.check_identical(sources, back)
-    atomic_write(output, data)
-    warnings = _larger_than_inputs(output, len(data), inputs)
-    msg = (f"{output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
+    _write(output, data)
+    warnings = [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
+    msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
            f"[{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
     return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=warnings)
@@ -389,12 +456,12 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png or .tif) or, for several "
-                   "images, a directory.")
+                   "images, a directory; - : standard output (one image, as --format says).")
 @OUTPUT_DIR_OPTION
 @RECURSIVE_OPTION
 @SKIP_OPTION
 @click.option("--format", "fmt", type=click.Choice(["png", "tif", "webp", "bmp"]), default=None,
-              help="With -d: the images' format (default png); with -o the file name's suffix says it.")
+              help="With -d or -o -: the images' format (default png); with -o FILE the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
@@ -404,7 +471,10 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
 def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model, device, jobs, force, quiet):
     """Decompress a .sfc file back to the identical pixels (-o), or several, each into DIR (-d)."""
     opts = {"model": model, "device": device, "jobs": jobs, "force": force, "skip_existing": skip_existing}
-    if _one_of(output, output_dir, recursive, skip_existing, force) == "dir":
+    how = _one_of(output, output_dir, recursive, skip_existing, force)
+    if any(_stdio(i) for i in inputs) and (len(inputs) > 1 or how == "dir"):
+        raise UsageError("- (a .sfc file on standard input) goes alone, with -o")
+    if how == "dir":
         opts["batch"] = True
         from cli import batch
 
@@ -416,8 +486,11 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
         raise UsageError(f"{len(inputs)} .sfc files and one -o: give -d DIR to decompress each into DIR")
     if inputs[0].is_dir():
         raise BadFileError(f"{inputs[0]}: is a directory (-d DIR decodes each .sfc file in it)")
-    if fmt is not None:
-        raise UsageError("--format goes with -d; with -o the file name's suffix gives the format")
+    if _stdio(output):
+        _check_stdout()
+        opts["format"] = fmt or "png"
+    elif fmt is not None:
+        raise UsageError("--format goes with -d or -o -; with -o FILE the file name's suffix gives the format")
     summary = _decompress_file(inputs[0], output, opts, quiet)
     if not quiet:
         for w in summary.warnings:
@@ -440,7 +513,11 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     suffix = None
     if o.get("batch") and n > 1:  # -d: DIR/stem.png for one image, DIR/stem/ for several
         output, suffix = output.with_suffix(""), output.suffix
-    if n == 1 and (o.get("batch") or not output.is_dir()):
+    if _stdio(output):
+        if n > 1:
+            raise UsageError(f"{_shown(input)}: the file holds {n} images and standard output takes one: give -o DIR")
+        targets = [Path(f"<stdout>.{o['format']}")]  # the format's checks below; written to standard output
+    elif n == 1 and (o.get("batch") or not output.is_dir()):
         targets = [output]
     else:
         if output.exists() and not output.is_dir():
@@ -455,7 +532,7 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
         if mode in deep.MODES and images.LOSSLESS_SAVE[t.suffix.lower()] not in deep.WRITTEN_AS[mode]:
             raise UsageError(f"{t.name}: the image is 16-bit ({mode}): the output must be "
                              f"{' or '.join('.' + f.lower().replace('tiff', 'tif') for f in deep.WRITTEN_AS[mode])}")
-        if t.parent != output or output.exists():
+        if not _stdio(output) and (t.parent != output or output.exists()):
             _check_output(t, o["force"], [input])
     m = None  # a seed-only file decodes without a model (--model is then not needed, and unused)
     if api.needs_model(header):
@@ -468,8 +545,8 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     if len(targets) > 1 or targets[0].parent == output:
         output.mkdir(parents=True, exist_ok=True)
     for b, t in zip(blobs, targets):
-        atomic_write(t, b)
-    return Summary(f"{input}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)",
+        _write(output if _stdio(output) else t, b)
+    return Summary(f"{_shown(input)}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)",
                    images=n, dims=sum(s.num_dims for s in sources), bytes=len(data), warnings=warnings)
 
 
@@ -520,7 +597,7 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
     version = container.format_version(data)
     n = sum(r[3] for r in h["images"])
     dims = sum(r[0] * r[1] * images.channels_of(r[2]) * r[3] for r in h["images"])
-    click.echo(f"file:      {input} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
+    click.echo(f"file:      {_shown(input)} ({len(data)} bytes, {8 * len(data) / dims:.3f} bits/dim)")
     click.echo(f"format:    .sfc v{version}, written by {h.get('codec', '?')}")
     if "model" in h:
         made, now = h["model"].get("name", "?"), zoo.shipped_name(h["model"]["sha256"])

@@ -15,6 +15,7 @@ score model codes them in both modes, and test_shipped_model does so with the sh
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import struct
@@ -25,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -306,6 +308,81 @@ def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
     r = sfcodec("compress", png, "-o", tmp_path / "n.sfc", "--fallback", "seed")
     assert_ok(r)
     assert "warning" not in r.stderr and (tmp_path / "n.sfc").stat().st_size > 0
+
+
+def _piped(*args, data: bytes):
+    """The CLI in-process with `data` on standard input."""
+    return CliRunner().invoke(cli, [str(a) for a in args], input=data, prog_name="sfcodec", catch_exceptions=False)
+
+
+def test_standard_input_and_output(tmp_path):
+    """`compress - -o -` and `decompress - -o -`: the image (or .sfc) from standard input, the output on
+    standard output, nothing else there (the summary on stderr). The .sfc is the file's, less the input's
+    name (none to keep); it decodes to the same pixels, through a pipe or a file, as PNG or --format."""
+    png = save_png(Image.fromarray(_smooth_rgb(20, 24, seed=3), "RGB"), tmp_path / "p.png")
+    r = _piped("compress", "-", "-o", "-", "--fallback", "seed", data=png.read_bytes())
+    assert_ok(r)
+    sfc = r.stdout_bytes
+    assert r.stderr.strip().startswith(f"<stdout>: {len(sfc)} bytes") and "verified" in r.stderr
+    assert api.read_header(sfc).get("meta", {}).get("0", {}).get("name") is None
+    assert_ok(sfcodec("compress", png, "-o", tmp_path / "f.sfc", "--fallback", "seed", "-q"))
+    with_name = api.read_header((tmp_path / "f.sfc").read_bytes())
+    assert with_name["meta"]["0"]["name"] == "p.png" and with_name["crc32"] == api.read_header(sfc)["crc32"]
+    r = _piped("decompress", "-", "-o", "-", data=sfc)
+    assert_ok(r)
+    assert r.stderr.strip().startswith("<stdin>: 1 image(s) decoded")
+    back = tmp_path / "back.png"
+    back.write_bytes(r.stdout_bytes)
+    with Image.open(png) as a, Image.open(back) as b:
+        assert b.format == "PNG" and np.array_equal(np.asarray(a), np.asarray(b))
+    r = _piped("decompress", "-", "-o", "-", "--format", "tif", "-q", data=(tmp_path / "f.sfc").read_bytes())
+    assert_ok(r)
+    (tmp_path / "back.tif").write_bytes(r.stdout_bytes)
+    with Image.open(png) as a, Image.open(tmp_path / "back.tif") as b:
+        assert b.format == "TIFF" and np.array_equal(np.asarray(a), np.asarray(b))
+    r = _piped("info", "-", data=sfc)
+    assert_ok(r)
+    assert r.stdout.startswith(f"file:      <stdin> ({len(sfc)} bytes") and "1 x 24x20 RGB" in r.stdout
+    r = _piped("verify", "-", "--fallback", "seed", data=png.read_bytes())
+    assert_ok(r)
+    r = _piped("compress", "-", "-o", tmp_path / "g.sfc", "--fallback", "seed", "-q", data=png.read_bytes())
+    assert_ok(r)
+    assert r.stdout_bytes == b"" and (tmp_path / "g.sfc").read_bytes() == sfc
+    r = _piped("decompress", tmp_path / "g.sfc", "-o", "-", "-q", data=b"")
+    assert_ok(r)
+    assert r.stdout_bytes == back.read_bytes()
+
+
+def test_standard_input_and_output_refuse_what_they_cannot_do(tmp_path, monkeypatch):
+    """'-' goes alone and with -o; a .sfc of several images does not fit standard output; what is on
+    standard input is checked as a file is (one line naming <stdin>, its exit code); nothing is written to a
+    terminal; --format goes with -d or -o -, not with -o FILE."""
+    pngs = [save_png(Image.fromarray(_smooth_rgb(8, 8, seed=k), "RGB"), tmp_path / f"{k}.png") for k in range(2)]
+    assert_ok(sfcodec("compress", *pngs, "-o", tmp_path / "two.sfc", "--fallback", "seed", "-q"))
+    two = (tmp_path / "two.sfc").read_bytes()
+    before = listing(tmp_path)
+    for args in (("compress", "-", pngs[0], "-o", "-"), ("compress", "-", "-d", tmp_path / "d"),
+                 ("decompress", "-", tmp_path / "two.sfc", "-d", tmp_path / "d"), ("decompress", "-", "-d", tmp_path / "d"),
+                 ("decompress", tmp_path / "two.sfc", "-o", tmp_path / "x.png", "--format", "tif")):
+        assert_error(_piped(*args, data=pngs[0].read_bytes()), EXIT["usage"])
+    r = _piped("decompress", "-", "-o", "-", data=two)
+    assert_error(r, EXIT["usage"], "<stdin>", "2 images", "-o DIR")
+    assert r.stdout_bytes == b""
+    assert_error(_piped("compress", "-", "-o", "-", data=b"not an image"), EXIT["image"], "<stdin>", "not an image")
+    assert_error(_piped("compress", "-", "-o", "-", data=b""), EXIT["image"], "<stdin>")
+    assert_error(_piped("decompress", "-", "-o", "-", data=two[:-9]), EXIT["sfc"], "truncated")
+    assert_error(_piped("decompress", "-", "-o", "-", data=pngs[0].read_bytes()), EXIT["sfc"], "not a .sfc file")
+    assert listing(tmp_path) == before
+
+    class Terminal(io.BytesIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(click, "get_binary_stream", lambda name: Terminal())
+    assert_error(sfcodec("compress", pngs[0], "-o", "-"), EXIT["usage"], "terminal")
+    assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", "-"), EXIT["usage"], "terminal")
+    assert_error(sfcodec("compress", "-", "-o", tmp_path / "y.sfc"), EXIT["usage"], "terminal")
+    assert listing(tmp_path) == before
 
 
 def test_api_compress_defaults_are_the_cli_s(image, model_a, tmp_path, one_thread):
