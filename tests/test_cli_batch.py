@@ -155,6 +155,10 @@ def test_a_files_memory_estimate(tmp_path):
     assert sfcodec("compress", small, "-o", tmp_path / "s.sfc", *SEED, "-q").exit_code == 0
     assert batch.file_need(tmp_path / "s.sfc", {"jobs": 2}, "decompressed") == (  # one part, no model
         batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 60_000)
+    three = [_image(tmp_path / f"t{k}.png", k, (300, 200)) for k in range(3)]
+    assert sfcodec("compress", *three, "-o", tmp_path / "t.sfc", *SEED, "-q").exit_code == 0
+    assert batch.file_need(tmp_path / "t.sfc", {"jobs": 2}, "decompressed") == (  # three images' pixels
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 180_000)
     (tmp_path / "x.png").write_text("not an image")
     for p in (tmp_path / "x.png", tmp_path / "missing.png"):
         assert batch.file_need([p], seed, "compressed") == batch.PROCESS_BYTES  # fails at once in its worker
