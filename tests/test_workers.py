@@ -200,3 +200,42 @@ def test_each_runs_no_more_at_once_than_the_memory_budget_holds():
     assert not _overlap(got[0], got[1]) and not _overlap(got[0], got[2]) and _overlap(got[1], got[2])
     got = dict(workers.each(_interval, [(k, 0.6) for k in range(3)], 3, [9, 9, 9], None))
     assert _overlap(got[0], got[1]) and _overlap(got[1], got[2])
+
+
+def _cgroup(tmp_path, lines: str, files: dict) -> tuple[str, str]:
+    tmp_path.mkdir()
+    proc = tmp_path / "cgroup"
+    proc.write_text(lines)
+    for rel, text in files.items():
+        (tmp_path / "fs" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / rel).write_text(text)
+    return str(proc), str(tmp_path / "fs")
+
+
+def test_the_memory_a_container_or_job_limit_leaves(tmp_path, monkeypatch):
+    """cgroup_room: limit minus usage of this process's memory cgroup, or of one above it where that is
+    tighter (v2: memory.max / memory.current; v1: the memory controller's files, also where its path is
+    not in the container's view and the top is the container's own cgroup); None where nothing limits."""
+    G = 1 << 30
+    v2 = {"a/b/memory.max": str(4 * G), "a/b/memory.current": str(G), "a/memory.max": "max", "a/memory.current": "5"}
+    assert workers.cgroup_room(*_cgroup(tmp_path / "1", "0::/a/b\n", v2)) == 3 * G
+    v2["a/memory.max"], v2["a/memory.current"] = str(2 * G), str(G + G // 2)  # the parent's limit is tighter
+    assert workers.cgroup_room(*_cgroup(tmp_path / "2", "0::/a/b\n", v2)) == G // 2
+    v2["a/memory.current"] = str(3 * G)  # over its limit (reclaim pending): nothing left, not negative
+    assert workers.cgroup_room(*_cgroup(tmp_path / "3", "0::/a/b\n", v2)) == 0
+    v1 = {"memory/job/x/memory.limit_in_bytes": "9223372036854771712", "memory/job/x/memory.usage_in_bytes": "7",
+          "memory/memory.limit_in_bytes": str(2 * G), "memory/memory.usage_in_bytes": str(G // 2)}
+    lines = "9:name=systemd:/\n4:memory:/job/x\n1:cpu:/\n0::/\n"
+    assert workers.cgroup_room(*_cgroup(tmp_path / "4", lines, v1)) == 3 * G // 2
+    del v1["memory/memory.limit_in_bytes"]  # no limit anywhere (this machine's case)
+    assert workers.cgroup_room(*_cgroup(tmp_path / "5", lines, v1)) is None
+    combined = {"memory/j/memory.limit_in_bytes": str(G), "memory/j/memory.usage_in_bytes": "0"}
+    assert workers.cgroup_room(*_cgroup(tmp_path / "6", "3:cpu,memory:/j\n", combined)) == G
+    assert workers.cgroup_room(*_cgroup(tmp_path / "7", "0::/a\n", {"a/memory.max": "garbage",
+                                                                    "a/memory.current": "1"})) is None
+    assert workers.cgroup_room(str(tmp_path / "none"), str(tmp_path)) is None
+    # available_memory: no more than the cgroup allows, whatever the machine has
+    monkeypatch.setattr(workers, "cgroup_room", lambda: G // 4)
+    assert workers.available_memory() == G // 4
+    monkeypatch.setattr(workers, "cgroup_room", lambda: None)
+    assert workers.available_memory() > G // 4  # this machine's MemAvailable

@@ -7,8 +7,8 @@ A large photograph's seed codec file is coded in blocks of up to 1024x1024 pixel
 and decoded in parallel, one process each. The bytes do not depend on how many processes run them.
 
 How many: `jobs` None (the default) takes every core this process may run on, no more processes
-than parts, and no more than the available memory holds at PART_PEAK_BYTES_PER_PIXEL for the largest
-part (measured, 0.9.26: a worker's peak RSS 1,561 MiB on a 1024x1024 part, which counts the pages
+than parts, and no more than the available memory (available_memory: MemAvailable, within this
+process's cgroup's limit) holds at PART_PEAK_BYTES_PER_PIXEL for the largest part (measured, 0.9.26: a worker's peak RSS 1,561 MiB on a 1024x1024 part, which counts the pages
 it shares with its parent, whose RSS was 603 MiB at most when it forked). Processes start by fork on Linux (the
 parent's imports and the image come along at no cost) and by spawn elsewhere, where by default only
 in a program that says its main module is guarded (`allow_spawn`: sfcodec; 0.9.28): an API user's
@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import SfcError
@@ -39,15 +40,62 @@ def usable_cores() -> int:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory available to new processes (Linux's MemAvailable); None where unknown."""
+    """Bytes of memory available to new processes: Linux's MemAvailable, and no more than this process's
+    memory cgroup still allows (a container's or a job scheduler's limit, which MemAvailable, the whole
+    machine's, does not show; 0.9.30); None where unknown."""
+    mem = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    mem = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    room = cgroup_room()
+    return room if mem is None else mem if room is None else min(mem, room)
+
+
+_NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a huge number (2**63 rounded down to a page)
+
+
+def cgroup_room(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """What this process's memory cgroups still allow, limit minus usage, the tightest of them (its own and
+    every one above it: a limit may be set on a parent), from cgroup v2 (memory.max, memory.current) or v1
+    (the memory controller's memory.limit_in_bytes, memory.usage_in_bytes); None where none sets a limit or
+    they cannot be read. Inside a container the cgroup's path may not exist in its view of `root`, whose own
+    top is then the container's cgroup: that is read too."""
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2
+            base, files = Path(root), ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            base, files = Path(root) / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for k in range(len(parts), -1, -1):  # the cgroup, then each one above it, up to the top
+            room = _room(base.joinpath(*parts[:k]), *files)
+            if room is not None:
+                found.append(room)
+    return min(found) if found else None
+
+
+def _room(d: Path, limit_file: str, usage_file: str) -> int | None:
+    try:
+        limit = (d / limit_file).read_text().strip()
+        usage = int((d / usage_file).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if limit == "max" or not limit.isdigit() or int(limit) >= _NO_LIMIT:
+        return None
+    return max(0, int(limit) - usage)
 
 
 def auto_jobs(n_parts: int, largest_part_pixels: int) -> int:
