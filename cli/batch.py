@@ -6,11 +6,12 @@ file is coded as `-o` codes it alone (the same bytes), in its own process, as ma
 says (default: every usable core), each with its share of torch's threads, and no more at once than the
 memory available at the start holds by each file's estimated peak (file_need, from the image's or the
 .sfc file's header; workers.each starts the first file that fits as another ends: 0.9.30). A file
-that fails (not an image, a corrupt .sfc, an output that exists) is one error line and the others go on; the exit code is the first failed file's in the inputs' order, 0 where
-every file succeeded. --skip-existing leaves a file whose output exists (outputs appear only when
-complete, fileio.atomic_write), so a stopped run over a folder resumes where it ended. Output names
-that would clash (a/x.png and b/x.png) are refused before anything runs: with --force the second
-would overwrite the first.
+that fails (not an image, a corrupt .sfc, an output that exists) is one error line and the others go
+on; the exit code is the first failed file's in the inputs' order, 0 where every file succeeded.
+--skip-existing leaves a file whose output exists (outputs appear only when complete,
+fileio.atomic_write), so a stopped run over a folder resumes where it ended. Output names that would
+clash (a/x.png and b/x.png) are refused before anything runs: with --force the second would
+overwrite the first.
 """
 from __future__ import annotations
 

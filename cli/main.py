@@ -425,8 +425,8 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
         api.check_identical(sources, back)
     _write(output, data)
     warnings = [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
-    msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim over {rep.num_images} image(s) "
-           f"[{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
+    msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
+           f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
     return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=warnings)
 
@@ -447,9 +447,10 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
     total = sum(p.stat().st_size for p in inputs)
     if size <= total or not any(jpeg(p) for p in inputs):
         return []
-    return [f"sfcodec: warning: {output.name} ({size} bytes) is larger than its input file{'s' if len(inputs) > 1 else ''}"
-            f" ({total} bytes): a JPEG is lossy already, and its decoded pixels, kept exactly, take more bytes "
-            "than the JPEG file (keep the JPEG itself)"]
+    files = "files" if len(inputs) > 1 else "file"
+    return [f"sfcodec: warning: {output.name} ({size} bytes) is larger than its input {files} ({total} bytes): a "
+            "JPEG is lossy already, and its decoded pixels, kept exactly, take more bytes than the JPEG file (keep the "
+            "JPEG itself)"]
 
 
 @cli.command()

@@ -364,7 +364,8 @@ def test_standard_input_and_output_refuse_what_they_cannot_do(tmp_path, monkeypa
     two = (tmp_path / "two.sfc").read_bytes()
     before = listing(tmp_path)
     for args in (("compress", "-", pngs[0], "-o", "-"), ("compress", "-", "-d", tmp_path / "d"),
-                 ("decompress", "-", tmp_path / "two.sfc", "-d", tmp_path / "d"), ("decompress", "-", "-d", tmp_path / "d"),
+                 ("decompress", "-", tmp_path / "two.sfc", "-d", tmp_path / "d"),
+                 ("decompress", "-", "-d", tmp_path / "d"),
                  ("decompress", tmp_path / "two.sfc", "-o", tmp_path / "x.png", "--format", "tif")):
         assert_error(_piped(*args, data=pngs[0].read_bytes()), EXIT["usage"])
     r = _piped("decompress", "-", "-o", "-", data=two)

@@ -8,9 +8,10 @@ and decoded in parallel, one process each. The bytes do not depend on how many p
 
 How many: `jobs` None (the default) takes every core this process may run on, no more processes
 than parts, and no more than the available memory (available_memory: MemAvailable, within this
-process's cgroup's limit) holds at PART_PEAK_BYTES_PER_PIXEL for the largest part (measured, 0.9.26: a worker's peak RSS 1,561 MiB on a 1024x1024 part, which counts the pages
-it shares with its parent, whose RSS was 603 MiB at most when it forked). Processes start by fork on Linux (the
-parent's imports and the image come along at no cost) and by spawn elsewhere, where by default only
+process's cgroup's limit) holds at PART_PEAK_BYTES_PER_PIXEL for the largest part (measured, 0.9.26:
+a worker's peak RSS 1,561 MiB on a 1024x1024 part, which counts the pages it shares with its parent,
+whose RSS was 603 MiB at most when it forked). Processes start by fork on Linux (the parent's imports
+and the image come along at no cost) and by spawn elsewhere, where by default only
 in a program that says its main module is guarded (`allow_spawn`: sfcodec; 0.9.28): an API user's
 script without `if __name__ == "__main__"` would run again in every spawned worker.
 """
