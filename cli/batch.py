@@ -63,12 +63,14 @@ class Outcome:
     error: str | None = None
 
 
-def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[str], what: str
-         ) -> tuple[list[Path], list[Path]]:
+def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[str], what: str,
+         raw: frozenset[str] = frozenset()) -> tuple[list[Path], list[Path]]:
     """(files, their outputs): a file input -> out_dir / (its stem + suffix); a folder -> its files whose
     suffix is in kinds (hidden ones not), with `recursive` its subfolders' too, each at its place under
     out_dir. UsageError where two would share an output (also where only the case of their names
-    differs: one file on macOS and Windows), or a folder holds no such file."""
+    differs: one file on macOS and Windows), or a folder holds no such file. A folder's files whose
+    suffix is in `raw` (camera raw files, which compress does not read) are left out, one warning line
+    counting them (0.9.30: a photographer's folder often holds each picture as raw and as JPEG)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory (-d takes a directory; -o a file)")
     files, names = [], []
@@ -78,9 +80,14 @@ def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[s
             names.append(out_dir / (i.stem + suffix))
             continue
         found = _folder(i, recursive, kinds)
+        raws = len(_folder(i, recursive, raw)) if raw else 0
+        left = (f"{raws} camera raw file(s), which sfcodec does not read: develop them into 16-bit TIFFs or PNGs "
+                "first") if raws else ""
         if not found:
             sub = "" if recursive else " (-r: its subfolders too)"
-            raise UsageError(f"{i}: no {what} in the folder{sub}")
+            raise UsageError(f"{i}: no {what} in the folder{sub}{'; ' + left if left else ''}")
+        if left:
+            click.echo(f"sfcodec: warning: {i}: {left}; left out", err=True)
         for f in found:
             rel = f.relative_to(i)
             files.append(f)

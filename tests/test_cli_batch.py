@@ -331,6 +331,27 @@ def test_a_folder_gives_its_images_and_r_its_subfolders(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_a_folders_camera_raw_files_are_left_out_with_a_warning(tmp_path):
+    """A folder of pictures as raw and JPEG: -d codes the images, and one warning line counts the raw files
+    left out (sfcodec does not read them); a folder of raw files alone is one error line saying why."""
+    f = tmp_path / "card"
+    f.mkdir()
+    _image(f / "p1.jpg", 1)
+    for name in ("p1.NEF", "p2.nef", "p3.dng"):
+        (f / name).write_bytes(b"a camera's raw data")
+    r = sfcodec("compress", f, "-d", tmp_path / "out", *SEED)
+    assert r.exit_code == 0, r.stderr
+    assert [ln for ln in lines(r) if "warning" in ln] == [
+        f"sfcodec: warning: {f}: 3 camera raw file(s), which sfcodec does not read: develop them into 16-bit TIFFs "
+        "or PNGs first; left out"]
+    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["p1.sfc"]
+    (f / "p1.jpg").unlink()
+    r = sfcodec("compress", f, "-d", tmp_path / "out2", *SEED)
+    assert r.exit_code == EXIT["usage"] and len(lines(r)) == 1
+    assert "no image files in the folder" in r.stderr and "3 camera raw file(s)" in r.stderr
+    assert not (tmp_path / "out2").exists()
+
+
 def test_skip_existing_resumes_a_stopped_run(photos, tmp_path):
     """--skip-existing: a file whose output exists is left as it is (not coded again), the others are
     coded, exit 0, the total counts the skipped; it contradicts --force and needs -d."""
