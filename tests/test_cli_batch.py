@@ -134,7 +134,7 @@ def test_the_files_at_once_fit_in_the_available_memory(photos, tmp_path, monkeyp
 
 def test_a_files_memory_estimate(tmp_path):
     """file_need: the process, torch and a model where they load, the seed codec's part (at most
-    1024x1024 pixels) once per process coding parts, the whole image's arrays (16-bit: twice)."""
+    1024x1024 pixels) once per process coding parts, the whole image's arrays (16-bit: its low bits too)."""
     MiB, part = 1 << 20, batch.CODING_BYTES_PER_PIXEL
     big = tmp_path / "big.png"
     Image.new("RGB", (2000, 1500), (9, 99, 199)).save(big)  # 2 x 2 parts of up to 1024x1024
@@ -149,16 +149,16 @@ def test_a_files_memory_estimate(tmp_path):
     assert batch.file_need([big], {**seed, "jobs": 8}, "compressed") == base + 4 * part["compressed"] * MiB
     assert batch.file_need([deep], seed, "compressed") == (
         base + batch.DEEP_BYTES_PER_PIXEL * 3_000_000 + part["compressed"] * MiB)
-    small = _image(tmp_path / "s.png", 4, (300, 200))
+    small = _image(tmp_path / "s.png", 4, (60, 40))
     assert batch.file_need([small], {**seed, "jobs": 2}, "compressed") == (  # the encoder's two analyses
-        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + 2 * part["compressed"]) * 60_000)
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + 2 * part["compressed"]) * 2_400)
     assert sfcodec("compress", small, "-o", tmp_path / "s.sfc", *SEED, "-q").exit_code == 0
     assert batch.file_need(tmp_path / "s.sfc", {"jobs": 2}, "decompressed") == (  # one part, no model
-        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 60_000)
-    three = [_image(tmp_path / f"t{k}.png", k, (300, 200)) for k in range(3)]
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 2_400)
+    three = [_image(tmp_path / f"t{k}.png", k, (60, 40)) for k in range(3)]
     assert sfcodec("compress", *three, "-o", tmp_path / "t.sfc", *SEED, "-q").exit_code == 0
     assert batch.file_need(tmp_path / "t.sfc", {"jobs": 2}, "decompressed") == (  # three images' pixels
-        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 180_000)
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 7_200)
     (tmp_path / "x.png").write_text("not an image")
     for p in (tmp_path / "x.png", tmp_path / "missing.png"):
         assert batch.file_need([p], seed, "compressed") == batch.PROCESS_BYTES  # fails at once in its worker
