@@ -25,8 +25,8 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import click
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
