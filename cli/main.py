@@ -518,7 +518,7 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     if _stdio(output):
         if n > 1:
             raise UsageError(f"{_shown(input)}: the file holds {n} images and standard output takes one: give -o DIR")
-        targets = [Path(f"<stdout>.{o['format']}")]  # the format's checks below; written to standard output
+        targets = [Path(f"<stdout> as .{o['format']}")]  # the format's checks below; written to standard output
     elif n == 1 and (o.get("batch") or not output.is_dir()):
         targets = [output]
     else:

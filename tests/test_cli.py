@@ -375,6 +375,14 @@ def test_standard_input_and_output_refuse_what_they_cannot_do(tmp_path, monkeypa
     assert_error(_piped("compress", "-", "-o", "-", data=b""), EXIT["image"], "<stdin>")
     assert_error(_piped("decompress", "-", "-o", "-", data=two[:-9]), EXIT["sfc"], "truncated")
     assert_error(_piped("decompress", "-", "-o", "-", data=pngs[0].read_bytes()), EXIT["sfc"], "not a .sfc file")
+    deep = tmp_path / "deep.png"
+    deep.write_bytes(png16_by_hand(np.full((4, 5, 3), 4097, np.uint16), False))
+    assert_ok(sfcodec("compress", deep, "-o", tmp_path / "deep.sfc", "--fallback", "seed", "-q"))
+    r = _piped("decompress", "-", "-o", "-", "--format", "webp", data=(tmp_path / "deep.sfc").read_bytes())
+    assert_error(r, EXIT["usage"], "<stdout> as .webp: the image is 16-bit", ".png or .tif")
+    assert r.stdout_bytes == b""
+    (tmp_path / "deep.png").unlink()
+    (tmp_path / "deep.sfc").unlink()
     assert listing(tmp_path) == before
 
     class Terminal(io.BytesIO):
