@@ -231,14 +231,22 @@ def _check_stdout() -> None:
                          "or pipe it")
 
 
-def _write(path: Path, data: bytes) -> None:
-    """The output's bytes: to standard output for "-", else atomic_write."""
+def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
+    """The output's bytes: to standard output for "-", else atomic_write, with the modification time of
+    `like` where that is one file (0.9.30: a .sfc gets its image's date, an image its .sfc's, so a
+    photograph keeps its file date through compress and decompress, as with gzip, xz and zstd)."""
     if _stdio(path):
         out = click.get_binary_stream("stdout")
         out.write(data)
         out.flush()
-    else:
-        atomic_write(path, data)
+        return
+    mtime = None
+    if len(like) == 1 and not _stdio(like[0]):
+        try:
+            mtime = like[0].stat().st_mtime_ns
+        except OSError:
+            pass
+    atomic_write(path, data, mtime)
 
 
 def _stdin_image():
@@ -424,7 +432,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
             back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
         dec_s = time.perf_counter() - t1
         api.check_identical(sources, back)
-    _write(output, data)
+    _write(output, data, inputs)
     warnings = [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
     msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
            f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
@@ -547,7 +555,7 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     if len(targets) > 1 or targets[0].parent == output:
         output.mkdir(parents=True, exist_ok=True)
     for b, t in zip(blobs, targets):
-        _write(output if _stdio(output) else t, b)
+        _write(output if _stdio(output) else t, b, [input])
     return Summary(f"{_shown(input)}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)",
                    images=n, dims=sum(s.num_dims for s in sources), bytes=len(data), warnings=warnings)
 

@@ -25,11 +25,12 @@ def remove_unfinished() -> None:
             pass
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes, mtime_ns: int | None = None) -> None:
     """Write `data` to a temporary file beside `path`, fsync, then rename it over `path`.
 
     The file gets the permissions a plain open() would give (0666 minus the umask), not
-    mkstemp's private 0600.
+    mkstemp's private 0600; with mtime_ns, that modification (and access) time, set before the rename
+    (sfcodec: the input's, as gzip, xz and zstd keep it; 0.9.30).
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -40,6 +41,8 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
+        if mtime_ns is not None:
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

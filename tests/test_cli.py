@@ -312,6 +312,24 @@ def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
     assert "warning" not in r.stderr and (tmp_path / "n.sfc").stat().st_size > tiny.stat().st_size
 
 
+def test_files_keep_their_dates_through_compress_and_decompress(tmp_path):
+    """As gzip, xz and zstd do: a .sfc of one image gets the image's modification time, an image decoded
+    from a .sfc the .sfc's (with -o and -d), so a photograph keeps its file date through the round trip;
+    a .sfc of several images is dated now."""
+    t = 981_173_106_000_000_000  # 2001-02-03
+    pngs = [save_png(Image.fromarray(_smooth_rgb(8, 8, seed=k), "RGB"), tmp_path / f"{k}.png") for k in range(2)]
+    for p in pngs:
+        os.utime(p, ns=(t, t))
+    assert_ok(sfcodec("compress", pngs[0], "-o", tmp_path / "a.sfc", "--fallback", "seed", "-q"))
+    assert_ok(sfcodec("decompress", tmp_path / "a.sfc", "-o", tmp_path / "a.png", "-q"))
+    assert_ok(sfcodec("compress", *pngs, "-d", tmp_path / "d", "--fallback", "seed", "--jobs", "2", "-q"))
+    assert_ok(sfcodec("decompress", tmp_path / "d", "-d", tmp_path / "back", "-q"))
+    for f in (tmp_path / "a.sfc", tmp_path / "a.png", tmp_path / "d" / "0.sfc", tmp_path / "back" / "1.png"):
+        assert f.stat().st_mtime_ns == t, f
+    assert_ok(sfcodec("compress", *pngs, "-o", tmp_path / "both.sfc", "--fallback", "seed", "-q"))
+    assert (tmp_path / "both.sfc").stat().st_mtime_ns > t
+
+
 def _piped(*args, data: bytes):
     """The CLI in-process with `data` on standard input."""
     return CliRunner().invoke(cli, [str(a) for a in args], input=data, prog_name="sfcodec", catch_exceptions=False)

@@ -52,3 +52,20 @@ def test_missing_directory_is_an_error_not_a_partial_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         atomic_write(tmp_path / "no" / "out.sfc", b"x")
     assert _names(tmp_path) == []
+
+
+def test_the_modification_time_given_is_the_files_from_the_start(tmp_path, monkeypatch):
+    """mtime_ns: set on the temporary file before the rename, so the file never appears with another."""
+    t = 981_173_106_123_456_789  # 2001-02-03
+    seen = []
+    real = os.replace
+
+    def replace(src, dst):
+        seen.append(os.stat(src).st_mtime_ns)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    atomic_write(tmp_path / "f", b"x", mtime_ns=t)
+    assert seen == [t] and (tmp_path / "f").stat().st_mtime_ns == t and (tmp_path / "f").read_bytes() == b"x"
+    atomic_write(tmp_path / "g", b"y")
+    assert abs((tmp_path / "g").stat().st_mtime_ns - seen[-1]) < 10**9 and seen[-1] != t  # now
