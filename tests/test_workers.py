@@ -200,6 +200,9 @@ def test_each_runs_no_more_at_once_than_the_memory_budget_holds():
     assert not _overlap(got[0], got[1]) and not _overlap(got[0], got[2]) and _overlap(got[1], got[2])
     got = dict(workers.each(_interval, [(k, 0.6) for k in range(3)], 3, [9, 9, 9], None))
     assert _overlap(got[0], got[1]) and _overlap(got[1], got[2])
+    # the largest first (the longest to code): 3 starts with 0, before 1 and 2, which follow in order
+    got = dict(workers.each(_interval, [(k, 0.5) for k in range(4)], 2, [1, 1, 1, 5], None))
+    assert _overlap(got[3], got[0]) and got[3][0] < min(got[1][0], got[2][0]) and got[0][0] < got[2][0]
 
 
 def _cgroup(tmp_path, lines: str, files: dict) -> tuple[str, str]:

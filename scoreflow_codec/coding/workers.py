@@ -226,9 +226,11 @@ def each(fn: Callable, items: Sequence[tuple], jobs: int, need: Sequence[int] | 
     cores (usable_cores() // jobs threads).
 
     need, budget: each item's memory (bytes, an estimate) and what the items running at once may hold
-    together (None: no limit). An item starts where it fits beside those running, the first that fits
-    in the items' order (or where none runs: an item larger than the budget runs alone), so a folder of
-    large photographs runs fewer at once than one of small ones (0.9.30)."""
+    together (None: no limit). An item starts where it fits beside those running (or where none runs: an
+    item larger than the budget runs alone), so a folder of large photographs runs fewer at once than one
+    of small ones (0.9.30). The items start largest need first (the inputs' order among equals): the
+    largest take the longest, and started first they leave no core working alone at the end while the
+    small ones fill the others."""
     if jobs <= 1 or len(items) <= 1:
         for i, item in enumerate(items):
             yield i, fn(*item)
@@ -236,7 +238,7 @@ def each(fn: Callable, items: Sequence[tuple], jobs: int, need: Sequence[int] | 
     n = min(jobs, len(items))
     need = [0] * len(items) if need is None else list(need)
     with _pool(n, f"try fewer processes (--jobs, {jobs} now)", threads=max(1, usable_cores() // n)) as ex:
-        waiting, running, held = list(range(len(items))), {}, 0
+        waiting, running, held = sorted(range(len(items)), key=lambda i: -need[i]), {}, 0
         while waiting or running:
             for i in list(waiting):
                 if len(running) >= n:
