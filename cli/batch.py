@@ -5,7 +5,7 @@ with -r its subfolders' too, mirrored under DIR), then `sfcodec decompress sfc/*
 file is coded as `-o` codes it alone (the same bytes), in its own process, as many at once as --jobs
 says (default: every usable core), each with its share of torch's threads, and no more at once than the
 memory available at the start holds by each file's estimated peak (file_need, from the image's or the
-.sfc file's header; workers.each starts the first file that fits as another ends: 0.9.30). A file
+.sfc file's header; workers.each starts the largest that fits as another ends: 0.9.30). A file
 that fails (not an image, a corrupt .sfc, an output that exists) is one error line and the others go
 on; the exit code is the first failed file's in the inputs' order, 0 where every file succeeded.
 --skip-existing leaves a file whose output exists (outputs appear only when complete,
@@ -179,7 +179,7 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
     # --jobs (default: the usable cores) counts processes in all: files at once, and where there are fewer
     # files than that, each file's parts (a photograph above 1024x1024) in the rest; one file at a time
     # codes as -o does. How many files run at once: as many as the memory available now holds by their
-    # estimates (each file's parts' processes included), the first that fits starting as another ends
+    # estimates (each file's parts' processes included), the largest that fits starting as another ends
     total = jobs if jobs is not None else workers.usable_cores() if workers.parallel_by_default() else 1
     procs = max(1, min(total, len(tasks)))
     need = None
