@@ -64,13 +64,13 @@ class Outcome:
 
 
 def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[str], what: str,
-         raw: frozenset[str] = frozenset()) -> tuple[list[Path], list[Path]]:
+         raw: frozenset[str] = frozenset(), quiet: bool = False) -> tuple[list[Path], list[Path]]:
     """(files, their outputs): a file input -> out_dir / (its stem + suffix); a folder -> its files whose
     suffix is in kinds (hidden ones not), with `recursive` its subfolders' too, each at its place under
     out_dir. UsageError where two would share an output (also where only the case of their names
     differs: one file on macOS and Windows), or a folder holds no such file. A folder's files whose
     suffix is in `raw` (camera raw files, which compress does not read) are left out, one warning line
-    counting them (0.9.30: a photographer's folder often holds each picture as raw and as JPEG)."""
+    counting them unless quiet (0.9.30: a photographer's folder often holds each picture as raw and as JPEG)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory (-d takes a directory; -o a file)")
     files, names = [], []
@@ -86,7 +86,7 @@ def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[s
         if not found:
             sub = "" if recursive else " (-r: its subfolders too)"
             raise UsageError(f"{i}: no {what} in the folder{sub}{'; ' + left if left else ''}")
-        if left:
+        if left and not quiet:
             click.echo(f"sfcodec: warning: {i}: {left}; left out", err=True)
         for f in found:
             rel = f.relative_to(i)

@@ -378,7 +378,7 @@ def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, 
         from scoreflow_codec.images import IMAGE_SUFFIXES, RAW_SUFFIXES
 
         files, targets = batch.plan(inputs, output_dir, ".sfc", recursive, IMAGE_SUFFIXES, "image files",
-                                    RAW_SUFFIXES)
+                                    RAW_SUFFIXES, quiet)
         sys.exit(batch.run(_compress_files, [([i], t, opts) for i, t in zip(files, targets)], jobs, quiet,
                            "compressed", output_dir))
     for i in inputs:

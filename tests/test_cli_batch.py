@@ -345,6 +345,8 @@ def test_a_folders_camera_raw_files_are_left_out_with_a_warning(tmp_path):
         f"sfcodec: warning: {f}: 3 camera raw file(s), which sfcodec does not read: develop them into 16-bit TIFFs "
         "or PNGs first; left out"]
     assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["p1.sfc"]
+    r = sfcodec("compress", f, "-d", tmp_path / "out", *SEED, "-q", "--force")
+    assert r.exit_code == 0 and r.stderr == ""  # -q: no warning either
     (f / "p1.jpg").unlink()
     r = sfcodec("compress", f, "-d", tmp_path / "out2", *SEED)
     assert r.exit_code == EXIT["usage"] and len(lines(r)) == 1
