@@ -134,15 +134,14 @@ def file_need(inputs, opts: dict, verb: str) -> int:
     """An estimate of the memory (bytes) of the process that codes this task's file with opts["jobs"]
     processes (its parts' processes and the encoder's second analysis process included), from the
     image's or the .sfc file's header; PROCESS_BYTES where that cannot be read (the file fails at once)."""
-    from scoreflow_codec import api, container, images
+    from scoreflow_codec import api, container, deep, images
 
     try:
         if verb == "compressed":
-            w, h, deep = images.peek(_name(inputs))
-            sizes, model = [(w, h, deep)], opts.get("fallback") != "seed"
+            sizes, model = [images.peek(_name(inputs))], opts.get("fallback") != "seed"
         else:
             header = api.read_header(container.head(inputs))
-            sizes = [(w, h * n, "16" in mode) for w, h, mode, n in header["images"]]
+            sizes = [(w, h * n, mode in deep.MODES) for w, h, mode, n in header["images"]]
             model = api.needs_model(header)
     except (SfcError, OSError):
         return PROCESS_BYTES
@@ -151,7 +150,7 @@ def file_need(inputs, opts: dict, verb: str) -> int:
     jobs = opts.get("jobs") or 1
     coders = 1 if jobs == 1 else min(jobs, max(parts, 2 if verb == "compressed" else 1))
     return (PROCESS_BYTES + MODEL_BYTES * model + coders * CODING_BYTES_PER_PIXEL[verb] * min(pixels, PART_SIDE ** 2)
-            + sum(w * h * (IMAGE_BYTES_PER_PIXEL + DEEP_BYTES_PER_PIXEL * deep) for w, h, deep in sizes))
+            + sum(w * h * (IMAGE_BYTES_PER_PIXEL + DEEP_BYTES_PER_PIXEL * wide) for w, h, wide in sizes))
 
 
 def _name(inputs) -> Path:
@@ -182,12 +181,11 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
     # estimates (each file's parts' processes included), the largest that fits starting as another ends
     total = jobs if jobs is not None else workers.usable_cores() if workers.parallel_by_default() else 1
     procs = max(1, min(total, len(tasks)))
-    need = None
-    if procs > 1:
+    need = budget = None
+    if procs > 1:  # files in other processes: how many at once is by their memory
         tasks = [(i, o, {**opts, "jobs": max(1, total // procs)}) for i, o, opts in tasks]
         need = [file_need(i, opts, verb) for i, _, opts in tasks]
-    budget = workers.available_memory()
-    if need is not None:
+        budget = workers.available_memory()
         mib = lambda b: f"{b / (1 << 20):,.0f} MiB"  # noqa: E731
         log.info(
             f"{procs} processes ({max(1, total // procs)} for each file's parts); memory "
