@@ -159,6 +159,11 @@ def test_a_files_memory_estimate(tmp_path):
     assert sfcodec("compress", *three, "-o", tmp_path / "t.sfc", *SEED, "-q").exit_code == 0
     assert batch.file_need(tmp_path / "t.sfc", {"jobs": 2}, "decompressed") == (  # three images' pixels
         batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + part["decompressed"]) * 7_200)
+    small16 = tmp_path / "s16.png"
+    Image.fromarray(np.random.default_rng(6).integers(0, 1 << 16, (40, 60)).astype(np.uint16)).save(small16)
+    assert sfcodec("compress", small16, "-o", tmp_path / "s16.sfc", *SEED, "-q").exit_code == 0
+    assert batch.file_need(tmp_path / "s16.sfc", {"jobs": 1}, "decompressed") == (  # its low bits too
+        batch.PROCESS_BYTES + (batch.IMAGE_BYTES_PER_PIXEL + batch.DEEP_BYTES_PER_PIXEL + part["decompressed"]) * 2_400)
     (tmp_path / "x.png").write_text("not an image")
     for p in (tmp_path / "x.png", tmp_path / "missing.png"):
         assert batch.file_need([p], seed, "compressed") == batch.PROCESS_BYTES  # fails at once in its worker
