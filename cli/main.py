@@ -433,7 +433,9 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
         dec_s = time.perf_counter() - t1
         api.check_identical(sources, back)
     _write(output, data, inputs)
-    warnings = [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
+    warnings = [f"sfcodec: warning: {_shown(p)}: not kept in the .sfc file: {', '.join(s.not_kept)}"
+                for s, p in zip(sources, inputs) if s.not_kept and o["keep_metadata"]]
+    warnings += [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
     msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
            f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"

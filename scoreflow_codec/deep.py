@@ -256,7 +256,8 @@ def _filtered(rows: np.ndarray, bpp: int, only: int | None = None) -> bytes:
 
 def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> bytes:
     """A 16-bit PNG of uint16 [H, W, C] (mode in MODES) with as much of `metadata` as a PNG holds
-    (all of it): the chunks Pillow writes for it, our IHDR and IDAT."""
+    (all of it): the chunks Pillow writes for it, our IHDR and IDAT, and its other PNG chunks
+    (metadata.png_with_chunks)."""
     h, w = arr.shape[:2]
     c = MODES[mode]
     if arr.dtype != np.uint16 or arr.shape != (h, w, c):
@@ -276,7 +277,7 @@ def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byte
                 idat = None
         else:
             out.append(_chunk(kind, data))
-    return b"".join(out)
+    return md.png_with_chunks(b"".join(out), (metadata or {}).get("png", b""))
 
 
 TIFF_STRIP_BYTES = 1 << 16  # about this many bytes of samples per strip

@@ -66,6 +66,8 @@ class SourceImage:
     table: np.ndarray | None = field(default=None, compare=False)
     # set once api.choose_palette_coding has chosen between colours and indices (not stored)
     coding_chosen: bool = field(default=False, compare=False)
+    # what the file held beside its pixels that `metadata` does not keep (metadata.unkept; not stored)
+    not_kept: list = field(default_factory=list, compare=False)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -291,12 +293,14 @@ def load_image(path: str | os.PathLike) -> SourceImage:
                 arr, mode, kept = dp.read_wide(p, how)
                 src = from_deep(arr, mode)
                 src.metadata = kept
-                return src
-            if wide:
+            elif wide:
                 raise UnsupportedImageError(f"{wide} samples are not supported: 16-bit colour is read from PNG and "
                                             "TIFF files of one picture, interleaved (save it as a 16-bit PNG)")
-            img.load()
-            return from_pil(img)
+            else:
+                img.load()
+                src = from_pil(img)
+            src.not_kept = md.unkept(img)
+            return src
     except BadImageError as e:
         raise type(e)(f"{p}: {e}") from None
     except (UnidentifiedImageError, Image.DecompressionBombError) as e:
@@ -408,6 +412,8 @@ def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) ->
     with warnings.catch_warnings():  # Pillow's warnings about a kept EXIF's odd tags (a TIFF's): not the user's
         warnings.simplefilter("ignore")
         img.save(buf, format=fmt, **kw)
+    if fmt == "PNG":
+        return md.png_with_chunks(buf.getvalue(), (metadata or {}).get("png", b""))
     return buf.getvalue()
 
 

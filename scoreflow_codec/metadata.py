@@ -17,34 +17,45 @@ An image's metadata is a dict (`SourceImage.metadata`), each entry optional:
     "srgb"  int     PNG sRGB rendering intent, 0 - 3
     "chromaticity"  PNG cHRM, 8 floats (white point and primaries, each the integer / 100000)
     "dpi"   [x, y]  resolution in dots per inch (PNG pHYs, TIFF, JPEG JFIF, BMP)
+    "png"   bytes   a PNG's other ancillary chunks (0.9.31; png_chunks): tIME, bKGD, sBIT, sPLT, hIST, cICP,
+                    oFFs, pHYs of an aspect ratio alone, private chunks ..., each as the file holds it with
+                    its place (before PLTE, before IDAT, after IDAT), written back into a PNG as they were
 
 A TIFF holds its EXIF in its own tags (0.9.29): the metadata ones of its first directory (description,
 make, model, orientation, software, date, artist, copyright, rating: TIFF_EXIF_TAGS) and its Exif and
 GPS directories are kept as "exif" (a TIFF structure of those alone, made by Pillow), its XMP (tag
 700) as "xmp"; a TIFF output gets both back as tags (written by Pillow: an 8-bit one's whole file, a
 16-bit one's directory, deep.encode_tiff), without a directory's pointer to another (NESTED_POINTERS).
+Since 0.9.31 also its DocumentName, PageName, HostComputer, IPTC-NAA (33723) and Photoshop image resources
+(34377), the last two as the bytes the file holds (tiff_values: Photoshop writes IPTC as LONGs, of which
+Pillow gives the first alone).
 
-Not kept: JPEG comments, other TIFF tags (IPTC, Photoshop's), PNG chunks Pillow does not parse (tIME,
-sBIT, bKGD, ...), a PNG's pixel aspect ratio without a unit, the order of chunks.
+Not kept, and named by `unkept` (compress warns, 0.9.31): a TIFF's other tags (Photoshop's layers in
+ImageSourceData, GeoTIFF's, private ones), a PNG's unknown critical chunks, a JPEG's comments and segments
+other than JFIF, EXIF, XMP and ICC (IPTC in APP13, extended XMP), a GIF's comment. Nor the order of a PNG's
+chunks beyond their places, nor the EXIF's Interoperability directory in a TIFF output.
 
 In a .sfc file (format version 5, container.py) the metadata of every image is one section after
 the payload: the images' blobs ("icc", "exif", "xmp" as they are, "info" the canonical JSON of the
 rest), in KINDS order, concatenated and compressed with raw DEFLATE; the header lists per image the
 blobs and their lengths (meta[i]["kept"] = {"icc": 3144, "info": 61}), so that `info` names them
-without reading the section and the decoder knows how much it inflates before it starts.
+without reading the section and the decoder knows how much it inflates before it starts. A kind of
+blob that a release does not know (0.9.30 and before: "png") makes it refuse the file, saying that a
+newer release wrote it (api._validate), so a new kind needs no new format version.
 """
 from __future__ import annotations
 
 import json
 import math
 import numbers
+import os
 import struct
 import zlib
 from typing import Any
 
 from .errors import BadFileError, UnsupportedImageError
 
-KINDS = ("icc", "exif", "xmp", "info")  # the section's blobs, in this order per image
+KINDS = ("icc", "exif", "xmp", "info", "png")  # the section's blobs, in this order per image ("png": 0.9.31)
 INFO_KEYS = ("chromaticity", "dpi", "gamma", "srgb", "text")  # the "info" blob's JSON
 MAX_BYTES = 1 << 26  # all blobs of a file together, before compression (64 MiB)
 _EXIF_PREFIX = b"Exif\x00\x00"
@@ -52,13 +63,20 @@ _XMP_KEY = "XML:com.adobe.xmp"  # PNG's iTXt keyword for XMP (Pillow also gives 
 # the numbers kept, within what their PNG chunks (a u32 / 100000) and Pillow's writers take
 GAMMA_RANGE, CHROMA_RANGE, DPI_RANGE = (1e-5, 21474.83647), (0.0, 21474.83647), (1e-3, 1e7)
 NAMES = {"icc": "ICC profile", "exif": "EXIF", "xmp": "XMP", "text": "PNG text", "gamma": "gamma",
-         "srgb": "sRGB intent", "chromaticity": "chromaticities", "dpi": "resolution (dpi)"}
+         "srgb": "sRGB intent", "chromaticity": "chromaticities", "dpi": "resolution (dpi)", "png": "PNG chunks"}
 
 
 # the metadata tags of a TIFF's first directory that EXIF has there too: ImageDescription, Make, Model,
 # Orientation, Software, DateTime, Artist, Copyright, Rating, RatingPercent (not the image's structure:
 # size, strips, compression ...); and the pointers to its Exif and GPS directories
-TIFF_EXIF_TAGS = (270, 271, 272, 274, 305, 306, 315, 33432, 18246, 18249)
+TIFF_EXIF_TAGS = (270, 271, 272, 274, 305, 306, 315, 33432, 18246, 18249,
+                  # and since 0.9.31 DocumentName, PageName, HostComputer, and the blocks that Photoshop, Lightroom
+                  # and news agencies' tools write: IPTC-NAA (caption, keywords, credit) and Photoshop's image
+                  # resources (IPTC again, print settings ...): TIFF_BLOCK_TAGS
+                  269, 285, 316, 33723, 34377)
+# kept as the bytes that the file holds, whatever the type they were written with (Photoshop writes IPTC as
+# LONGs, which Pillow reads as one number), and only so (tiff_values)
+TIFF_BLOCK_TAGS = (33723, 34377)
 EXIF_DIRECTORIES = (0x8769, 0x8825)
 # a directory's pointer to another (the Exif directory's to its Interoperability one): Pillow copies
 # it as a plain number when it writes the directory again, an offset into whatever lies there then
@@ -106,24 +124,108 @@ def read(img) -> dict:
         c = info.get("chromaticity")
         if isinstance(c, tuple) and len(c) == 8 and all(_number(v, *CHROMA_RANGE) for v in c):
             md["chromaticity"] = [float(v) for v in c]
+    d = _dpi(info)
+    if d:
+        md["dpi"] = d
+    if img.format == "PNG":
+        chunks = png_chunks(source(img), bool(d))
+        if chunks:
+            md["png"] = chunks
+    return md
+
+
+def _dpi(info: dict) -> list[float] | None:
+    """The resolution that read() keeps from a Pillow image's info, or None."""
     d = info.get("dpi")
     if isinstance(d, tuple) and len(d) == 2 and all(_number(v, *DPI_RANGE) for v in d):
-        md["dpi"] = [float(v) for v in d]
-    return md
+        return [float(v) for v in d]
+    return None
 
 
 def _tiff_exif(img) -> bytes | None:
     """A TIFF's EXIF (TIFF_EXIF_TAGS of its first directory, its Exif and GPS directories) as the TIFF
     structure PNG's eXIf holds (Pillow's Exif.tobytes, its "Exif\\0\\0" taken off); None where it has none
     or Pillow cannot read them."""
+    import warnings
+
     try:
-        out = _exif_subset(img.getexif())
+        with warnings.catch_warnings():  # Pillow's about a tag of more values than it expects (IPTC as LONGs)
+            warnings.simplefilter("ignore")
+            out = _exif_subset(img.getexif())
+        blocks = tiff_values(source(img), TIFF_BLOCK_TAGS)
+        for tag in TIFF_BLOCK_TAGS:
+            if tag in blocks:
+                out[tag] = blocks[tag]
+            elif tag in out and not (isinstance(out[tag], bytes) and img.tag_v2.tagtype.get(tag) in (1, 7)):
+                del out[tag]  # not read from the file, and not bytes as written: maybe a part (one LONG of many)
         if not len(out) and not any(out.get_ifd(t) for t in EXIF_DIRECTORIES):
             return None
         data = out.tobytes()
     except Exception:  # a damaged directory: the pixels still count, its EXIF is not kept
         return None
     return data[len(_EXIF_PREFIX):] if data.startswith(_EXIF_PREFIX) else data
+
+
+# bytes per value of each TIFF field type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT,
+# SLONG, SRATIONAL, FLOAT, DOUBLE, IFD; BigTIFF's LONG8, SLONG8, IFD8)
+_TIFF_TYPE_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
+                    16: 8, 17: 8, 18: 8}
+_TIFF_MAX_ENTRIES = 4096
+
+
+def source(img) -> str | None:
+    """The path of an opened Pillow image's file, which the TIFF tags and PNG chunks that Pillow does not
+    give as they are (tiff_values, png_chunks) are read from again; None for an image not opened from a
+    path (the pixels and what Pillow gives are still read)."""
+    return getattr(img, "filename", None) or None
+
+
+def tiff_values(path, tags) -> dict[int, bytes]:
+    """The bytes of `tags`' values in the first directory of the TIFF (or BigTIFF) file at `path`, as they
+    lie in the file, for those it has; {} where it is not one, cannot be read, or path is None. A value
+    that is damaged (past the file's end, of an unknown type) or over MAX_BYTES is left out."""
+    if path is None:
+        return {}
+    out: dict[int, bytes] = {}
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(16)
+            big = head[:4] in (b"II+\0", b"MM\0+")
+            if not (big or head[:4] in (b"II*\0", b"MM\0*")) or len(head) < 8:
+                return {}
+            e = "<" if head[:2] == b"II" else ">"
+            if big:
+                if len(head) < 16:
+                    return {}
+                first, count_fmt, entry_fmt, inline = struct.unpack(e + "Q", head[8:16])[0], "Q", "HHQ8s", 8
+            else:
+                first, count_fmt, entry_fmt, inline = struct.unpack(e + "I", head[4:8])[0], "H", "HHI4s", 4
+            f.seek(first)
+            raw = f.read(struct.calcsize(e + count_fmt))
+            if len(raw) < struct.calcsize(e + count_fmt):
+                return {}
+            n = min(struct.unpack(e + count_fmt, raw)[0], _TIFF_MAX_ENTRIES)
+            width = struct.calcsize(e + entry_fmt)
+            table = f.read(n * width)
+            for i in range(len(table) // width):
+                tag, typ, count, value = struct.unpack_from(e + entry_fmt, table, i * width)
+                if tag not in tags or typ not in _TIFF_TYPE_BYTES:
+                    continue
+                nbytes = count * _TIFF_TYPE_BYTES[typ]
+                if not 0 < nbytes <= MAX_BYTES:
+                    continue
+                if nbytes <= inline:
+                    out[tag] = value[:nbytes]
+                    continue
+                at = struct.unpack(e + ("Q" if big else "I"), value)[0]
+                if at + nbytes > size:
+                    continue
+                f.seek(at)
+                out[tag] = f.read(nbytes)
+    except OSError:
+        return {}
+    return out
 
 
 def _exif_subset(tags):
@@ -140,6 +242,167 @@ def _exif_subset(tags):
         if sub:
             out.get_ifd(tag).update(sub)
     return out
+
+
+# --- what is not kept -------------------------------------------------------------------------------
+# A TIFF's first-directory tags that describe its pixels (any writer makes them anew) or that read() keeps
+_TIFF_HELD = frozenset({254, 255, 256, 257, 258, 259, 262, 263, 264, 265, 266, 273, 277, 278, 279, 280, 281, 282,
+                        283, 284, 296, 297, 317, 320, 322, 323, 324, 325, 338, 339, 340, 341, 347, 512, 513, 514, 515,
+                        517, 518, 519, 520, 521, 529, 530, 531, 532, 700, 34675, *TIFF_EXIF_TAGS, *EXIF_DIRECTORIES})
+_TIFF_ABOUT = {37724: "Photoshop's layers", 330: "further pictures"}
+# a PNG's chunks that hold pixels, that read() keeps (pHYs: where it gives a resolution) or that only an
+# animation has (animations are refused)
+_PNG_HELD = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"iCCP", b"eXIf", b"iTXt", b"tEXt", b"zTXt",
+                       b"gAMA", b"sRGB", b"cHRM", b"acTL", b"fcTL", b"fdAT"})
+_PNG_MAX_CHUNKS = 100_000
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# a JPEG's segments that read() keeps or that describe its pixels, by marker and the start of their data
+_JPEG_HELD = (("APP0", b"JFIF\0"), ("APP1", b"Exif\0"), ("APP1", b"http://ns.adobe.com/xap/1.0/\0"),
+              ("APP2", b"ICC_PROFILE\0"), ("APP2", b"MPF\0"), ("APP14", b"Adobe"))
+_JPEG_ABOUT = (("APP13", b"Photoshop 3.0\0", "IPTC / Photoshop data"),
+               ("APP1", b"http://ns.adobe.com/xmp/extension/\0", "extended XMP"),
+               ("APP0", b"JFXX\0", "JFIF thumbnail"), ("COM", b"", "comment"))
+
+
+def unkept(img) -> list[str]:
+    """What the file of an opened Pillow image holds beside its pixels that read() does not keep (0.9.31:
+    compress names it in a warning): a TIFF's other first-directory tags (Photoshop's layers ...), a PNG's
+    other chunks (tIME, bKGD, sBIT ...), a JPEG's other segments (IPTC, comments ...), a GIF's comment;
+    each once, in file order. [] where there is nothing or the file cannot be read again."""
+    path = source(img)
+    names: list[str] = []
+    if img.format == "TIFF":
+        from PIL import TiffTags
+
+        for tag in getattr(img, "tag_v2", {}):
+            if tag not in _TIFF_HELD:
+                name = TiffTags.lookup(tag).name
+                label = f"tag {tag}" if name == "unknown" else f"{name} (tag {tag})"
+                names.append(f"{label[:-1]}: {_TIFF_ABOUT[tag]})" if tag in _TIFF_ABOUT else label)
+    elif img.format == "PNG" and path is not None:
+        for kind in _png_chunk_types(path):
+            if not (kind in _PNG_HELD or _png_kept(kind, bool(_dpi(img.info)))):
+                names.append(f"{kind.decode('latin-1')} chunk")
+    elif img.format in ("JPEG", "MPO"):
+        for marker, data in getattr(img, "applist", ()):
+            if any(marker == m and data.startswith(start) for m, start in _JPEG_HELD):
+                continue
+            about = [a for m, start, a in _JPEG_ABOUT if marker == m and data.startswith(start)]
+            names.append(f"{about[0]} ({marker})" if about else f"{marker} segment")
+    elif img.format == "GIF" and img.info.get("comment"):
+        names.append("comment")
+    return list(dict.fromkeys(names))
+
+
+def _png_chunk_types(path) -> list[bytes]:
+    """The types of a PNG file's chunks, in order (up to its IEND); [] where it cannot be read."""
+    return [kind for kind, _, _ in _png_walk(path, lambda kind: False)]
+
+
+def _png_walk(path, wanted) -> list[tuple[bytes, int, bytes | None]]:
+    """A PNG file's chunks in order, up to its IEND: (type, place: 0 before its PLTE and IDAT, 1 after its
+    PLTE and before its IDAT, 2 after its IDAT; the whole chunk as it lies in the file, length to CRC, for
+    the types that `wanted` takes, else None) of the file at `path`; [] where it is not a PNG or cannot be
+    read. A chunk cut short by the file's end is left out, and every one after it."""
+    out: list[tuple[bytes, int, bytes | None]] = []
+    place = 0
+    try:
+        with open(path, "rb") as f:
+            if f.read(8) != PNG_SIGNATURE:
+                return []
+            while len(out) < _PNG_MAX_CHUNKS:
+                head = f.read(8)
+                if len(head) < 8:
+                    break
+                n, kind = struct.unpack(">I", head[:4])[0], head[4:]
+                if kind == b"IDAT":
+                    place = 2
+                elif kind == b"PLTE":
+                    place = max(place, 1)
+                if wanted(kind) and n <= MAX_BYTES:
+                    rest = f.read(n + 4)
+                    if len(rest) < n + 4:
+                        break
+                    out.append((kind, place, head + rest))
+                else:
+                    out.append((kind, place, None))
+                    f.seek(n + 4, os.SEEK_CUR)
+                if kind == b"IEND":
+                    break
+    except OSError:
+        return []
+    return out
+
+
+def _png_kept(kind: bytes, has_dpi: bool) -> bool:
+    """Whether png_chunks keeps a chunk of this type: an ancillary one (first letter in lower case) that
+    read() does not keep otherwise; pHYs where it gives no resolution (a pixel aspect ratio alone)."""
+    if kind == b"pHYs":
+        return not has_dpi
+    return len(kind) == 4 and kind.isalpha() and kind[:1].islower() and kind not in _PNG_HELD
+
+
+def png_chunks(path, has_dpi: bool = False) -> bytes:
+    """The "png" blob of the PNG file at `path` (0.9.31): its ancillary chunks that read() does not keep
+    otherwise (tIME, bKGD, sBIT, sPLT, cICP, oFFs, private ones ...), each as one byte of its place
+    (_png_walk) and the chunk as the file holds it, in file order; b"" for none, or where path is None.
+    png_with_chunks writes them back into a PNG, at the same places. A chunk whose CRC does not match
+    is left out (a PNG reader would not take it either)."""
+    if path is None:
+        return b""
+    out = []
+    for kind, place, raw in _png_walk(path, lambda kind: _png_kept(kind, has_dpi)):
+        if raw is not None and struct.unpack(">I", raw[-4:])[0] == zlib.crc32(raw[4:-4]):
+            out.append(bytes([place]) + raw)
+    return b"".join(out)
+
+
+def _png_blob_chunks(blob: bytes) -> list[tuple[int, bytes, bytes]]:
+    """(place, type, the whole chunk) of each chunk of a "png" blob; BadFileError where it is not one that
+    png_chunks makes."""
+    bad = BadFileError("corrupt .sfc file: bad metadata (PNG chunks)")
+    out, pos = [], 0
+    while pos < len(blob):
+        if pos + 9 > len(blob) or blob[pos] > 2:
+            raise bad
+        n = struct.unpack_from(">I", blob, pos + 1)[0]
+        raw = blob[pos + 1:pos + 13 + n]
+        if len(raw) != n + 12 or struct.unpack(">I", raw[-4:])[0] != zlib.crc32(raw[4:-4]):
+            raise bad
+        kind = raw[4:8]
+        if not _png_kept(kind, False):
+            raise bad
+        out.append((blob[pos], kind, raw))
+        pos += 13 + n
+    return out
+
+
+def png_with_chunks(png: bytes, blob: bytes) -> bytes:
+    """A PNG file's bytes with a "png" blob's chunks put in, each at its place (0: before the PLTE, or the
+    first IDAT where there is none; 1: before the first IDAT; 2: before the IEND), in their order; a chunk
+    of a type that the file has already is not put in again."""
+    if not blob:
+        return png
+    spans, pos = [], len(PNG_SIGNATURE)
+    while pos + 8 <= len(png):
+        n = struct.unpack_from(">I", png, pos)[0]
+        spans.append((png[pos + 4:pos + 8], pos))
+        pos += 12 + n
+    has = {kind for kind, _ in spans}
+    first = {}
+    for kind, at in spans:
+        first.setdefault(kind, at)
+    idat = first[b"IDAT"]
+    at_place = (min(first.get(b"PLTE", idat), idat), idat, first[b"IEND"])
+    inserts: dict[int, list[bytes]] = {}
+    for place, kind, raw in _png_blob_chunks(blob):
+        if kind not in has:
+            inserts.setdefault(at_place[place], []).append(raw)
+    out, last = [], 0
+    for at in sorted(inserts):
+        out += [png[last:at], *inserts[at]]
+        last = at
+    return b"".join(out) + png[last:]
 
 
 # --- writing through Pillow ---------------------------------------------------------------------
@@ -182,7 +445,10 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
         return kw, dropped
     held = {"WEBP": ("icc", "exif", "xmp"), "TIFF": ("icc", "dpi", "exif", "xmp"), "BMP": ("dpi",)}.get(fmt, ())
     for name in md:
-        if name not in held:
+        if name == "png" and name not in held:
+            kinds = dict.fromkeys(kind.decode("latin-1") for _, kind, _ in _png_blob_chunks(md["png"]))
+            dropped.append(f"{NAMES[name]} ({', '.join(kinds)})")
+        elif name not in held:
             dropped.append(NAMES[name])
     for name, arg in (("icc", "icc_profile"), ("exif", "exif"), ("xmp", "xmp")):
         if name in md and name in held:
@@ -231,7 +497,8 @@ def _tiff_tags(exif: bytes | None, xmp: bytes | None):
 
 def describe(kept: dict) -> str:
     """One line for `sfcodec info` from a header's "kept" entry (blob -> bytes)."""
-    label = {"icc": "ICC profile", "exif": "EXIF", "xmp": "XMP", "info": "PNG chunks / resolution"}
+    label = {"icc": "ICC profile", "exif": "EXIF", "xmp": "XMP", "info": "PNG chunks / resolution",
+             "png": "other PNG chunks"}
     return ", ".join(f"{label[k]} {kept[k]:,} bytes" for k in KINDS if k in kept)
 
 
@@ -303,6 +570,8 @@ def unpack(entries: list[dict], section: bytes) -> list[dict]:
                 if kind == "info":
                     md.update(_parse_info(blob))
                 else:
+                    if kind == "png":
+                        _png_blob_chunks(blob)  # checked here: a decoded file's chunks go into its PNG as they are
                     md[kind] = blob
         out.append(md)
     return out

@@ -312,6 +312,43 @@ def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
     assert "warning" not in r.stderr and (tmp_path / "n.sfc").stat().st_size > tiny.stat().st_size
 
 
+def test_what_a_file_holds_and_the_sfc_does_not_keep_is_warned_about(tmp_path):
+    """0.9.31: what an input holds beside its pixels that the .sfc does not keep (a TIFF's Photoshop layers
+    and private tags, a JPEG's comment) is one warning line naming it, with -o and -d (where -q is quiet
+    and --no-metadata asked for the pixels alone: no warning); a PNG's tIME chunk, kept since 0.9.31, comes
+    back with its PNG and is not warned about."""
+    from PIL import TiffImagePlugin
+
+    img = Image.fromarray(_smooth_rgb(16, 24, seed=3), "RGB")
+    ifd = TiffImagePlugin.ImageFileDirectory_v2()
+    ifd[37724], ifd.tagtype[37724] = b"Adobe Photoshop Document Data Block\0", 7
+    ifd[65000], ifd.tagtype[65000] = b"private", 7
+    tif, jpg, png = tmp_path / "layers.tif", tmp_path / "c.jpg", tmp_path / "t.png"
+    img.save(tif, tiffinfo=ifd)
+    img.save(jpg, comment=b"a comment", quality=95)
+    img.save(png)
+    data = png.read_bytes()
+    at = data.index(b"IDAT") - 4
+    when = b"tIME" + bytes([7, 234, 11, 30, 12, 34, 5])
+    png.write_bytes(data[:at] + struct.pack(">I", 7) + when + struct.pack(">I", zlib.crc32(when)) + data[at:])
+    r = sfcodec("compress", tif, "-o", tmp_path / "a.sfc", "--fallback", "seed")
+    assert_ok(r)
+    assert [ln for ln in r.stderr.splitlines() if "warning" in ln] == [
+        f"sfcodec: warning: {tif}: not kept in the .sfc file: ImageSourceData (tag 37724: Photoshop's layers), "
+        "tag 65000"]
+    for quiet in (("-q",), ("--no-metadata",)):
+        r = sfcodec("compress", tif, "-o", tmp_path / "a.sfc", "--fallback", "seed", "--force", *quiet)
+        assert_ok(r)
+        assert "warning" not in r.stderr
+    r = sfcodec("compress", tif, jpg, png, "-d", tmp_path / "d", "--fallback", "seed", "--jobs", "1")
+    assert_ok(r)
+    warned = sorted(ln.split(": not kept")[0] for ln in r.stderr.splitlines() if "not kept" in ln)
+    assert warned == [f"sfcodec: warning: {jpg}", f"sfcodec: warning: {tif}"]
+    assert "comment (COM)" in r.stderr
+    assert_ok(sfcodec("decompress", tmp_path / "d" / "t.sfc", "-o", tmp_path / "t2.png", "-q"))
+    assert when in (tmp_path / "t2.png").read_bytes()
+
+
 def test_files_keep_their_dates_through_compress_and_decompress(tmp_path):
     """As gzip, xz and zstd do: a .sfc of one image gets the image's modification time, an image decoded
     from a .sfc the .sfc's (with -o and -d), so a photograph keeps its file date through the round trip;

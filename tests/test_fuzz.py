@@ -465,7 +465,9 @@ def meta_file():
     """A seed codec file (fast to decode) of two images, the first with metadata in the section."""
     rng = np.random.default_rng(5)
     a, b = images.from_array(rng.integers(0, 256, (12, 9, 3), np.uint8)), images.from_array(rng.integers(0, 256, (5, 4), np.uint8))
-    a.metadata = {"icc": bytes(range(256)) * 3, "exif": b"MM\0*" + bytes(20), "text": [["k", "v"]], "dpi": [72.0, 72.0]}
+    when = b"tIME" + bytes([7, 234, 11, 30, 12, 34, 5])  # a PNG's other chunk (0.9.31), with its place
+    a.metadata = {"icc": bytes(range(256)) * 3, "exif": b"MM\0*" + bytes(20), "text": [["k", "v"]], "dpi": [72.0, 72.0],
+                  "png": b"\0" + struct.pack(">I", 7) + when + struct.pack(">I", zlib.crc32(when))}
     data, _ = api.compress([a, b], None, fallback="seed")
     assert container.format_version(data) == 5 and api.decompress(data)[0].metadata == a.metadata
     return data
@@ -522,7 +524,7 @@ def test_random_metadata_sections(meta_file, data):
         comp = zlib.compressobj(9, zlib.DEFLATED, -15)
         sec, edit = comp.compress(body) + comp.flush(), None
     else:
-        entry = data.draw(st.dictionaries(st.sampled_from(["icc", "exif", "xmp", "info", "x"]),
+        entry = data.draw(st.dictionaries(st.sampled_from(["icc", "exif", "xmp", "info", "png", "x"]),
                                           st.integers(-2, 2000) | st.booleans() | st.text(max_size=3), max_size=4))
         sec = section
 

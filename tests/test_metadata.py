@@ -9,6 +9,7 @@ import io
 import json
 import struct
 import tracemalloc
+import warnings
 import zlib
 
 import numpy as np
@@ -16,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image, ImageCms, PngImagePlugin
 
-from scoreflow_codec import api, container, images, metadata as md
-from scoreflow_codec.errors import BadFileError, DecodeMismatchError, UnsupportedImageError
+from scoreflow_codec import api, container, deep, images, metadata as md
+from scoreflow_codec.errors import BadFileError, DecodeMismatchError, UnsupportedImageError, UnsupportedVersionError
 
 ICC = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
 XMP = '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF>Größe</rdf:RDF></x:xmpmeta>'
@@ -414,3 +415,232 @@ def test_a_damaged_section_or_header_entry_is_refused(tmp_path):
         if words_ == "corrupt header":  # refused from the header alone (sfcodec info)
             with pytest.raises(BadFileError, match=words_):
                 api.read_header(bad)
+
+
+# --- what else a file holds (0.9.31): a TIFF's IPTC and Photoshop blocks, a PNG's other chunks, the rest named
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _with_chunks(png: bytes, before: list = (), after_plte: list = (), after_idat: list = ()) -> bytes:
+    """A PNG with chunks (type, data) put in by hand: before its PLTE (or first IDAT), between its PLTE and
+    first IDAT, and before its IEND."""
+    out, before, after_plte = [png[:8]], list(before), list(after_plte)
+    for kind, data in _chunks(png):
+        if kind in (b"PLTE", b"IDAT") and before:
+            out += [_chunk(*c) for c in before]
+            before = []
+        if kind == b"IDAT" and after_plte:
+            out += [_chunk(*c) for c in after_plte]
+            after_plte = []
+        if kind == b"IEND":
+            out += [_chunk(*c) for c in after_idat]
+        out.append(_chunk(kind, data))
+    return b"".join(out)
+
+
+TIME = (b"tIME", b"\x07\xea\x0b\x1e\x0c\x22\x05")
+IPTC = b"\x1c\x02\x00\x00\x02\x00\x04\x1c\x02\x19\x00\x07sunsets\x1c\x02\x74\x00\x0b(c) Someone\x00"  # padded to 4n
+PHOTOSHOP = b"8BIM\x04\x04\x00\x00" + struct.pack(">I", len(IPTC)) + IPTC
+
+
+def _ifd(endian: str, entries, big: bool = False, tail: bytes = b"") -> bytes:
+    """A TIFF file of one directory written by hand (the TIFF 6.0 / BigTIFF layout), `entries` (tag, type,
+    count, value bytes): a value that fits the entry's field lies in it, a longer one after the directory."""
+    e = "<" if endian == "II" else ">"
+    start = 16 if big else 8
+    fmt, inline = (e + "HHQ", 8) if big else (e + "HHI", 4)
+    size = (8 if big else 2) + len(entries) * (20 if big else 12) + (8 if big else 4)
+    table, extra = struct.pack(e + ("Q" if big else "H"), len(entries)), b""
+    for tag, typ, count, val in entries:
+        if len(val) <= inline:
+            table += struct.pack(fmt, tag, typ, count) + val.ljust(inline, b"\0")
+        else:
+            table += struct.pack(fmt, tag, typ, count) + struct.pack(e + ("Q" if big else "I"),
+                                                                      start + size + len(extra))
+            extra += val
+    table += b"\0" * (8 if big else 4)
+    head = (endian.encode() + struct.pack(e + "HHHQ", 43, 8, 0, start)) if big else \
+        (endian.encode() + struct.pack(e + "HI", 42, start))
+    return head + table + extra + tail
+
+
+@pytest.mark.parametrize("endian,big", [("II", False), ("MM", False), ("II", True), ("MM", True)])
+def test_tiff_values_reads_the_first_directory_as_stored(tmp_path, endian, big):
+    """tiff_values gives a tag's value as the bytes the file holds (in the field or where it points), for
+    classic TIFF and BigTIFF in either byte order; a value past the file's end or of an unknown type is
+    left out, and a file that is not a TIFF gives nothing."""
+    e = "<" if endian == "II" else ">"
+    longs = struct.pack(e + f"{len(IPTC) // 4}I", *struct.unpack("<" + f"{len(IPTC) // 4}I", IPTC))
+    entries = [(256, 3, 1, struct.pack(e + "H", 7)), (316, 2, 3, b"ab\0"), (33723, 4, len(IPTC) // 4, longs),
+               (34377, 1, len(PHOTOSHOP), PHOTOSHOP), (270, 99, 40, b"x" * 40), (305, 2, 12, b"abcdefghijk\0")]
+    data = bytearray(_ifd(endian, entries, big))
+    p = tmp_path / "t.tif"
+    p.write_bytes(bytes(data[:-1]))  # the last value (Software, 12 bytes at the end) cut short
+    got = md.tiff_values(p, (256, 316, 33723, 34377, 270, 305, 999))
+    assert got == {256: struct.pack(e + "H", 7), 316: b"ab\0", 33723: longs, 34377: PHOTOSHOP}
+    assert longs == IPTC or e == ">"  # little-endian LONGs hold IPTC's bytes in order
+    p.write_bytes(bytes(data))
+    assert md.tiff_values(p, (305,)) == {305: b"abcdefghijk\0"}
+    for junk in (b"", b"II*", b"GIF89a" + bytes(20), bytes(data[:9])):
+        p.write_bytes(junk)
+        assert md.tiff_values(p, (256,)) == {}
+    assert md.tiff_values(None, (256,)) == {} and md.tiff_values(tmp_path / "none.tif", (256,)) == {}
+
+
+def _tiff_with_blocks(path, as_longs: bool = True) -> bytes:
+    """A TIFF as Photoshop saves one: IPTC (tag 33723) written as LONGs, Photoshop's image resources (34377),
+    DocumentName and HostComputer, and its layers (37724) and a private tag, which are not kept."""
+    from PIL import TiffImagePlugin
+
+    ifd = TiffImagePlugin.ImageFileDirectory_v2()
+    ifd[33723], ifd.tagtype[33723] = IPTC, 7
+    ifd[34377], ifd.tagtype[34377] = PHOTOSHOP, 1
+    ifd[37724], ifd.tagtype[37724] = b"Adobe Photoshop Document Data Block\0" + bytes(64), 7
+    ifd[65000], ifd.tagtype[65000] = b"private", 7
+    ifd[269], ifd[316] = "doc", "host"
+    _pixels().save(path, "TIFF", tiffinfo=ifd)
+    data = bytearray(path.read_bytes())
+    if as_longs:  # Pillow writes UNDEFINED; Photoshop writes LONGs, which Pillow reads as their first alone
+        at = data.index(struct.pack("<HHI", 33723, 7, len(IPTC)))
+        data[at:at + 8] = struct.pack("<HHI", 33723, 4, len(IPTC) // 4)
+        path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_a_tiffs_iptc_and_photoshop_blocks_are_kept(tmp_path):
+    """A TIFF's IPTC and Photoshop blocks (0.9.31) are kept as their bytes, even where written as LONGs
+    (Pillow reads one number of them), with DocumentName and HostComputer: back into a TIFF (8- and 16-bit:
+    read again by Pillow, which reads them whole as written, UNDEFINED and BYTE) and in a PNG's eXIf."""
+    _tiff_with_blocks(tmp_path / "ps.tif")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Pillow's warning about the LONGs is not the user's
+        src = images.load_image(tmp_path / "ps.tif")
+    with Image.open(tmp_path / "ps.tif") as im, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert im.tag_v2[33723] != IPTC  # what Pillow makes of the LONGs
+    tags = _tags(src.metadata["exif"])
+    assert tags[33723] == IPTC and tags[34377] == PHOTOSHOP and tags[269] == "doc" and tags[316] == "host"
+    assert not {37724, 65000} & set(tags)
+    back = api.decompress(api.compress([src], None, fallback="seed")[0])[0]
+    assert back.metadata == src.metadata
+    for suffix in (".tif", ".png"):
+        p = tmp_path / f"out{suffix}"
+        p.write_bytes(images.encode_source(back, suffix))
+        assert images.load_image(p).metadata["exif"] == src.metadata["exif"]
+    with Image.open(tmp_path / "out.tif") as im:
+        assert im.tag_v2[33723] == IPTC and im.tag_v2[34377] == PHOTOSHOP and im.tag_v2[316] == "host"
+    deep16 = deep.encode_tiff(np.full((3, 4, 3), 40000, np.uint16), "RGB;16", src.metadata)
+    with Image.open(io.BytesIO(deep16)) as im:
+        assert im.tag_v2[33723] == IPTC and im.tag_v2[34377] == PHOTOSHOP and im.tag_v2[269] == "doc"
+    (tmp_path / "d.tif").write_bytes(deep16)
+    assert images.load_image(tmp_path / "d.tif").metadata["exif"] == src.metadata["exif"]
+    # not opened from a file: the LONGs cannot be read as they are, and Pillow's one number is not kept
+    with Image.open(io.BytesIO((tmp_path / "ps.tif").read_bytes())) as im:
+        im.load()
+        tags = _tags(md.read(im)["exif"])
+    assert 33723 not in tags and tags[34377] == PHOTOSHOP
+
+
+def test_a_pngs_other_chunks_are_kept_where_they_were(tmp_path):
+    """A PNG's ancillary chunks that are neither pixels nor read otherwise (0.9.31: tIME, sBIT, bKGD, hIST,
+    a pHYs of an aspect ratio alone, private ones ...) come back into a PNG as they were, at their places
+    (before PLTE, between PLTE and IDAT, after IDAT): the decoded file's chunks are the input's, in order,
+    for an RGB, a palette and a 16-bit image; a PNG output is the input's very bytes where Pillow wrote it."""
+    rgb = _with_chunks(_png(icc=False, exif=False, xmp=False, colour=False, dpi=False),
+                       before=[(b"sBIT", b"\5\6\5"), TIME], after_plte=[(b"bKGD", b"\0\1\0\2\0\3")],
+                       after_idat=[(b"prVt", b"private bytes")])
+    pal_img = _pixels().quantize(16)
+    buf = io.BytesIO()
+    pal_img.save(buf, "PNG")
+    pal = _with_chunks(buf.getvalue(), before=[TIME, (b"pHYs", struct.pack(">IIB", 2, 3, 0))],
+                       after_plte=[(b"bKGD", b"\3"), (b"hIST", b"\0\1" * 16)])
+    deep_png = _with_chunks(deep.encode_png(np.arange(60, dtype=np.uint16).reshape(4, 5, 3) * 1000, "RGB;16"),
+                            before=[(b"sBIT", b"\14\14\14"), TIME])
+    for name, data in (("rgb.png", rgb), ("pal.png", pal), ("deep.png", deep_png)):
+        src = _load(data, tmp_path, name)
+        kinds = [k for k, _ in _chunks(data)]
+        kept = [(place, kind) for place, kind, _ in md._png_blob_chunks(src.metadata["png"])]
+        assert [k for _, k in kept] == [k for k in kinds if k in (b"sBIT", b"tIME", b"bKGD", b"hIST", b"pHYs", b"prVt")]
+        assert all(place == (0 if kinds.index(k) < kinds.index(b"PLTE" if b"PLTE" in kinds else b"IDAT") else
+                             1 if kinds.index(k) < kinds.index(b"IDAT") else 2) for place, k in kept), name
+        back = api.decompress(api.compress([src], None, fallback="seed")[0])[0]
+        assert back.metadata == src.metadata
+        out = images.encode_source(back, ".png")
+        assert [k for k, _ in _chunks(out)] == kinds and dict(_chunks(out)) == dict(_chunks(data)), name
+        assert images.metadata_dropped(back.metadata, ".png") == []
+        assert md.unkept(Image.open(tmp_path / name)) == []
+    assert images.encode_source(_load(rgb, tmp_path, "rgb.png"), ".png") == rgb  # Pillow's own bytes, chunks put back
+    dropped = images.metadata_dropped(_load(rgb, tmp_path, "rgb.png").metadata, ".tif")
+    assert "PNG chunks (sBIT, tIME, bKGD, prVt)" in dropped
+    # a resolution in pHYs is read as such (dpi), not kept as a chunk
+    src = _load(_png(icc=False, exif=False, xmp=False, text=False, colour=False), tmp_path)
+    assert "png" not in src.metadata and src.metadata["dpi"]
+
+
+def test_png_chunks_leave_out_what_a_reader_would_not_take(tmp_path):
+    """A chunk whose CRC does not match, or cut short by the file's end, is not kept; nor a critical chunk
+    Pillow does not know (named by unkept), nor the chunks read otherwise."""
+    base = _png(icc=False, exif=False, xmp=False, colour=False, dpi=False)
+    p = tmp_path / "x.png"
+    bad_crc = _chunk(*TIME)[:-1] + b"\0"
+    at = base.index(b"IDAT") - 4
+    p.write_bytes(base[:at] + bad_crc + _chunk(b"prVt", b"ok") + base[at:])
+    assert [c[4:8] for c in _split_blob(md.png_chunks(p))] == [b"prVt"]
+    p.write_bytes(base[:at] + _chunk(b"prVt", b"ok") + _chunk(b"zzZz", b"cut")[:-3])
+    assert [c[4:8] for c in _split_blob(md.png_chunks(p))] == [b"prVt"]
+    p.write_bytes(base[:at] + _chunk(b"ABCD", b"critical") + base[at:])
+    with Image.open(p) as im:
+        im.load()
+        assert "png" not in md.read(im) and md.unkept(im) == ["ABCD chunk"]
+    assert md.png_chunks(None) == b"" and md.png_chunks(tmp_path / "missing.png") == b""
+
+
+def _split_blob(blob: bytes) -> list[bytes]:
+    return [raw for _, _, raw in md._png_blob_chunks(blob)]
+
+
+@pytest.mark.parametrize("blob", [
+    b"\3" + _chunk(*TIME),                                    # no such place
+    b"\0" + _chunk(*TIME)[:-1] + b"\0",                       # CRC
+    b"\0" + _chunk(*TIME)[:-2],                               # cut short
+    b"\0" + _chunk(*TIME) + b"\0",                            # a byte after the last chunk
+    b"\0" + _chunk(b"ABCD", b"x"),                            # critical
+    b"\0" + _chunk(b"tEXt", b"k\0v"),                         # read otherwise: never in the blob
+    b"\0" + _chunk(b"t1ME", b"x"),                            # not a chunk type
+])
+def test_a_damaged_png_chunks_blob_is_refused(blob):
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    _refused([{"png": len(blob)}], comp.compress(blob) + comp.flush(), "PNG chunks")
+
+
+def test_a_release_without_png_chunks_asks_for_an_upgrade(tmp_path, monkeypatch):
+    """A file with a kind of metadata that an older release does not know (as 0.9.30 does not know "png")
+    is refused there with the advice to upgrade, not as a corrupt file: the header names the newer release."""
+    src = _load(_with_chunks(_png(icc=False), before=[TIME]), tmp_path)
+    data, _ = api.compress([src], None, fallback="seed")
+    assert set(api.read_header(data)["meta"]["0"]["kept"]) == {"exif", "xmp", "info", "png"}
+    monkeypatch.setattr(md, "KINDS", ("icc", "exif", "xmp", "info"))  # 0.9.30's
+    monkeypatch.setattr(api, "__version__", "0.0.1")  # a release older than the one that wrote the file
+    with pytest.raises(UnsupportedVersionError, match="upgrade"):
+        api.decompress(data)
+
+
+def test_unkept_names_what_is_not_kept(tmp_path):
+    """unkept names what a file holds beside its pixels that is not kept: a TIFF's other tags (Photoshop's
+    layers, a private tag), a JPEG's comment and IPTC segment, a GIF's comment; nothing for plain files."""
+    _tiff_with_blocks(tmp_path / "ps.tif")
+    assert images.load_image(tmp_path / "ps.tif").not_kept == [
+        "ImageSourceData (tag 37724: Photoshop's layers)", "tag 65000"]
+    p = tmp_path / "c.jpg"
+    _pixels().save(p, "JPEG", comment=b"a comment")
+    data = p.read_bytes()
+    app13 = b"\xff\xed" + struct.pack(">H", 2 + 14 + len(PHOTOSHOP)) + b"Photoshop 3.0\0" + PHOTOSHOP
+    p.write_bytes(data[:2] + app13 + data[2:])
+    assert images.load_image(p).not_kept == ["IPTC / Photoshop data (APP13)", "comment (COM)"]
+    _pixels().save(tmp_path / "c.gif", comment=b"hi")
+    assert images.load_image(tmp_path / "c.gif").not_kept == ["comment"]
+    for name, kw in (("p.tif", {}), ("p.png", {}), ("p.jpg", {}), ("p.webp", {"lossless": True}), ("p.gif", {})):
+        _pixels().save(tmp_path / name, **kw)
+        assert images.load_image(tmp_path / name).not_kept == [], name
+    assert images.load_image(_tiff_with_exif(tmp_path / "dev.tif")).not_kept == []
