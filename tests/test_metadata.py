@@ -578,6 +578,16 @@ def test_a_pngs_other_chunks_are_kept_where_they_were(tmp_path):
     assert "png" not in src.metadata and src.metadata["dpi"]
 
 
+def test_png_with_chunks_puts_in_no_second_of_a_type():
+    """A kept chunk of a type that the written PNG has already (its own pHYs, say) is not put in again: a
+    PNG of two tIME or two pHYs chunks is invalid."""
+    png = _with_chunks(_png(icc=False, exif=False, xmp=False, text=False, colour=False), before=[TIME])
+    blob = b"".join(b"\0" + _chunk(*c) for c in (TIME, (b"pHYs", struct.pack(">IIB", 2, 3, 0)), (b"oFFs", bytes(9))))
+    kinds = [k for k, _ in _chunks(md.png_with_chunks(png, blob))]
+    assert kinds.count(b"tIME") == kinds.count(b"pHYs") == kinds.count(b"oFFs") == 1
+    assert kinds.index(b"oFFs") < kinds.index(b"IDAT") and md.png_with_chunks(png, b"") == png
+
+
 def test_png_chunks_leave_out_what_a_reader_would_not_take(tmp_path):
     """A chunk whose CRC does not match, or cut short by the file's end, is not kept; nor a critical chunk
     Pillow does not know (named by unkept), nor the chunks read otherwise."""
