@@ -650,7 +650,9 @@ def test_unkept_names_what_is_not_kept(tmp_path):
     assert images.load_image(p).not_kept == ["IPTC / Photoshop data (APP13)", "comment (COM)"]
     _pixels().save(tmp_path / "c.gif", comment=b"hi")
     assert images.load_image(tmp_path / "c.gif").not_kept == ["comment"]
-    for name, kw in (("p.tif", {}), ("p.png", {}), ("p.jpg", {}), ("p.webp", {"lossless": True}), ("p.gif", {})):
+    kept = {"icc_profile": ICC, "exif": _exif(), "xmp": XMP.encode()}  # the segments that are kept: not named
+    for name, kw in (("p.tif", {}), ("p.png", {}), ("p.jpg", kept), ("p.webp", {"lossless": True, **kept}),
+                     ("p.gif", {})):
         _pixels().save(tmp_path / name, **kw)
         assert images.load_image(tmp_path / name).not_kept == [], name
     assert images.load_image(_tiff_with_exif(tmp_path / "dev.tif")).not_kept == []
