@@ -150,6 +150,10 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
             raise UnsupportedImageError(f"multi-picture JPEGs (MPO, {img.n_frames} pictures) are not supported; "
                                         "save the picture you want as a PNG first")
         raise UnsupportedImageError(f"animated images are not supported ({img.n_frames} frames); extract one frame first")
+    sizes = img.info.get("sizes") if img.format in ("ICO", "ICNS") else None
+    if sizes and len(sizes) > 1:  # Pillow reads the largest alone (0.9.31: refused, as a TIFF of several pages)
+        raise UnsupportedImageError(f"icons of several sizes ({img.format}, {len(sizes)} pictures) are not supported; "
+                                    "save the size you want as a PNG first")
     mode = img.mode
     w, h = img.size
     if w < 1 or h < 1:
@@ -272,6 +276,16 @@ def _preview_only(img: Image.Image) -> str | None:
     return None
 
 
+def _is_sfc(path: Path) -> bool:
+    from .container import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
 def load_image(path: str | os.PathLike) -> SourceImage:
     p = Path(path)
     if not p.exists():
@@ -304,6 +318,8 @@ def load_image(path: str | os.PathLike) -> SourceImage:
     except BadImageError as e:
         raise type(e)(f"{p}: {e}") from None
     except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+        if _is_sfc(p):
+            raise BadImageError(f"{p}: is a .sfc file already (sfcodec decompress turns it back into an image)") from None
         raise BadImageError(f"{p}: not an image Pillow can read ({e.__class__.__name__})") from None
     except (OSError, SyntaxError, ValueError) as e:
         raise BadImageError(f"{p}: cannot read image ({e})") from None

@@ -34,7 +34,7 @@ from PIL import Image
 
 from cli.main import cli
 from deep_files import png16_by_hand, tiff16_by_hand, with_chunk
-from scoreflow_codec import api
+from scoreflow_codec import api, images
 from scoreflow_codec.modelfile import save_model
 from scoreflow_codec.models.presets import build
 from scoreflow_codec.sde import SDEConfig
@@ -872,11 +872,19 @@ def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
         p = p.with_suffix(".tif" if kind == "dng" else ".nef")
         Image.fromarray(_smooth_rgb(8, 6), "RGB").save(p, format="TIFF", tiffinfo=info)
         return p, ["camera raw"]
+    if kind in ("ico", "icns"):  # an icon of several sizes: Pillow reads the largest alone
+        p = p.with_suffix(f".{kind}")
+        Image.fromarray(_smooth_rgb(64, 64), "RGB").save(p, sizes=[(16, 16), (32, 32), (64, 64)])
+        return p, ["several sizes", kind.upper()]
+    if kind == "sfc":  # a .sfc file given to compress
+        p = p.with_suffix(".sfc")
+        p.write_bytes(api.compress([images.from_array(_smooth_rgb(4, 4))], None, fallback="seed")[0])
+        return p, [p.name, "a .sfc file already", "decompress"]
     raise ValueError(kind)
 
 
 BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_trns", "dng",
-              "nef"]
+              "nef", "ico", "icns", "sfc"]
 
 
 @pytest.mark.parametrize("kind", BAD_IMAGES)
