@@ -63,9 +63,10 @@ class Outcome:
     error: str | None = None
 
 
-def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[str], what: str,
+def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], what: str,
          raw: frozenset[str] = frozenset(), quiet: bool = False) -> tuple[list[Path], list[Path]]:
-    """(files, their outputs): a file input -> out_dir / (its stem + suffix); a folder -> its files whose
+    """(files, their outputs): a file input -> out_dir / (its stem + suffix, or suffix(file) where suffix is a
+    function: decompress's by each file's header); a folder -> its files whose
     suffix is in kinds (hidden ones not), with `recursive` its subfolders' too, each at its place under
     out_dir. UsageError where two would share an output (also where only the case of their names
     differs: one file on macOS and Windows), or a folder holds no such file. A folder's files whose
@@ -74,10 +75,11 @@ def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[s
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory (-d takes a directory; -o a file)")
     files, names = [], []
+    sfx = suffix if callable(suffix) else lambda f: suffix
     for i in map(Path, inputs):
         if not i.is_dir():
             files.append(i)
-            names.append(out_dir / (i.stem + suffix))
+            names.append(out_dir / (i.stem + sfx(i)))
             continue
         found = _folder(i, recursive, kinds)
         raws = len(_folder(i, recursive, raw)) if raw else 0
@@ -91,7 +93,7 @@ def plan(inputs, out_dir: Path, suffix: str, recursive: bool, kinds: frozenset[s
         for f in found:
             rel = f.relative_to(i)
             files.append(f)
-            names.append(out_dir / rel.parent / (f.stem + suffix))
+            names.append(out_dir / rel.parent / (f.stem + sfx(f)))
     first: dict[str, Path] = {}
     for f, t in zip(files, names):
         key = str(t).casefold()  # a.png and A.PNG: one file where names ignore case (macOS, Windows)

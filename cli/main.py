@@ -288,8 +288,7 @@ def _image_bytes(src, path: Path, warnings: list[str]) -> bytes:
     return images.encode_source(src, path.suffix)
 
 
-def _out_name(name: str | None, index: int, n: int, suffix: str | None = None) -> str:
-    suffix = suffix or ".png"
+def _out_name(name: str | None, index: int, n: int, suffix: str) -> str:
     if name:
         return Path(name).stem + suffix
     return f"image_{index:0{max(4, len(str(n)))}d}{suffix}"
@@ -473,7 +472,9 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
 @RECURSIVE_OPTION
 @SKIP_OPTION
 @click.option("--format", "fmt", type=click.Choice(["png", "tif", "webp", "bmp"]), default=None,
-              help="With -d or -o -: the images' format (default png); with -o FILE the file name's suffix says it.")
+              help="With -d (and -o DIR): the images' format (default: each image's input's where that is "
+                   "lossless and holds it, .tif, .webp, .bmp, .ppm or .png, else png); with -o -: the format "
+                   "(default png); with -o FILE the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
@@ -487,11 +488,11 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
     if any(_stdio(i) for i in inputs) and (len(inputs) > 1 or how == "dir"):
         raise UsageError("- (a .sfc file on standard input) goes alone, with -o")
     if how == "dir":
-        opts["batch"] = True
+        opts["batch"], opts["format"] = True, fmt  # format None: each image its input's (images.same_format)
         from cli import batch
 
-        files, targets = batch.plan(inputs, output_dir, "." + (fmt or "png"), recursive, frozenset({".sfc"}),
-                                    ".sfc files")
+        files, targets = batch.plan(inputs, output_dir, "." + fmt if fmt else _sfc_suffix, recursive,
+                                    frozenset({".sfc"}), ".sfc files")
         sys.exit(batch.run(_decompress_file, [(i, t, opts) for i, t in zip(files, targets)], jobs, quiet,
                            "decompressed", output_dir))
     if len(inputs) > 1:
@@ -510,6 +511,22 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
         click.echo(summary.message, err=True)
 
 
+def _sfc_suffix(path: Path) -> str:
+    """-d's output suffix for a .sfc file without --format (0.9.31): its image's input's format, as the
+    header's file name says (images.same_format); .png for a file of several images (a directory then, each
+    image by its own name) or one whose header cannot be read (it fails on its own)."""
+    from scoreflow_codec import api, container, images
+
+    try:
+        h = api.read_header(container.head(path))
+    except (SfcError, OSError):
+        return ".png"
+    runs = h["images"]
+    if len(runs) != 1 or runs[0][3] != 1:
+        return ".png"
+    return images.same_format(h.get("meta", {}).get("0", {}).get("name"), runs[0][2])
+
+
 def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     """decompress's work: one .sfc file to output (an image file, or a directory for several images; with
     -d, where the file holds several, the directory of output's name without its suffix) -> batch.Summary."""
@@ -522,9 +539,10 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     device = o["device"] or header.get("setup", {}).get("device", "cpu")
     n = sum(run[3] for run in header["images"])
     names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
-    suffix = None
+    modes = [mode for *_, mode, count in header["images"] for _ in range(count)]
+    suffix = None  # several images into a directory: each its input's format (images.same_format), or --format's
     if o.get("batch") and n > 1:  # -d: DIR/stem.png for one image, DIR/stem/ for several
-        output, suffix = output.with_suffix(""), output.suffix
+        output, suffix = output.with_suffix(""), "." + o["format"] if o.get("format") else None
     if _stdio(output):
         if n > 1:
             raise UsageError(f"{_shown(input)}: the file holds {n} images and standard output takes one: give -o DIR")
@@ -534,10 +552,10 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     else:
         if output.exists() and not output.is_dir():
             raise OutputExistsError(f"{output}: the file holds {n} images; give a directory")
-        targets = [output / _out_name(nm, i, n, suffix) for i, nm in enumerate(names)]
+        sfx = [suffix or images.same_format(nm, mode) for nm, mode in zip(names, modes)]
+        targets = [output / _out_name(nm, i, n, sfx[i]) for i, nm in enumerate(names)]
         if len(set(targets)) != len(targets):
-            targets = [output / _out_name(None, i, n, suffix) for i in range(n)]
-    modes = [mode for *_, mode, count in header["images"] for _ in range(count)]
+            targets = [output / _out_name(None, i, n, sfx[i]) for i in range(n)]
     for t, mode in zip(targets, modes):
         if t.suffix.lower() not in images.LOSSLESS_SAVE:
             raise UsageError(f"{t.name}: output must be a lossless format ({', '.join(sorted(images.LOSSLESS_SAVE))})")

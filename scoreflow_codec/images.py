@@ -408,18 +408,40 @@ def to_pil(src: SourceImage) -> Image.Image:
     return gray.convert("1") if src.mode == "1" else gray
 
 
+def _cannot_hold(fmt: str, mode: str) -> str | None:
+    """Why a file of format `fmt` (LOSSLESS_SAVE's) cannot hold an 8-bit image of this Pillow mode, or None."""
+    if fmt == "WEBP" and mode not in ("RGB", "RGBA"):
+        return f"WebP cannot hold mode {mode} losslessly; use .png"
+    if fmt == "PPM" and mode not in ("RGB", "L", "1"):
+        return f"PPM cannot hold mode {mode}; use .png"
+    if fmt == "BMP" and mode in ("LA", "PA"):
+        return f"BMP cannot hold mode {mode}; use .png"
+    return None
+
+
+def same_format(name: str | None, mode: str) -> str:
+    """The suffix of the output an image decoded from a .sfc gets by default (0.9.31): its input's, as the
+    file name the .sfc keeps says it (.tif, .tiff, .webp, .bmp, .png, .ppm ...), where that format is
+    lossless and holds the image's mode (deep.WRITTEN_AS for a 16-bit one), else .png (a JPEG's, a GIF's,
+    an image from standard input)."""
+    suffix = Path(name).suffix.lower() if isinstance(name, str) else ""
+    fmt = LOSSLESS_SAVE.get(suffix)
+    if fmt is None:
+        return ".png"
+    if mode in dp.MODES:
+        return suffix if fmt in dp.WRITTEN_AS[mode] else ".png"
+    return ".png" if _cannot_hold(fmt, mode) else suffix
+
+
 def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) -> bytes:
     """A lossless file of the format the suffix names (refuses lossy formats and modes a format can't
     hold), with as much of `metadata` as the format holds (metadata.save_options says what not)."""
     fmt = LOSSLESS_SAVE.get(suffix.lower())
     if fmt is None:
         raise UnsupportedImageError(f"output must be a lossless format ({', '.join(sorted(LOSSLESS_SAVE))}), not {suffix!r}")
-    if fmt == "WEBP" and img.mode not in ("RGB", "RGBA"):
-        raise UnsupportedImageError(f"WebP cannot hold mode {img.mode} losslessly; use .png")
-    if fmt == "PPM" and img.mode not in ("RGB", "L", "1"):
-        raise UnsupportedImageError(f"PPM cannot hold mode {img.mode}; use .png")
-    if fmt == "BMP" and img.mode in ("LA", "PA"):
-        raise UnsupportedImageError(f"BMP cannot hold mode {img.mode}; use .png")
+    why = _cannot_hold(fmt, img.mode)
+    if why:
+        raise UnsupportedImageError(why)
     kw: dict = {"lossless": True, "exact": True} if fmt == "WEBP" else {}
     kw.update(md.save_options(metadata or {}, fmt)[0])
     if fmt == "PNG" and "transparency" in img.info:

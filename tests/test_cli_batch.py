@@ -19,6 +19,7 @@ from PIL import Image
 
 from cli import batch
 from cli.main import cli
+from scoreflow_codec import images
 from scoreflow_codec.coding import workers
 from scoreflow_codec.modelfile import save_model
 from scoreflow_codec.models.presets import build
@@ -59,7 +60,8 @@ def same_pixels(a: Path, b: Path) -> bool:
 
 def test_each_file_is_what_o_makes_of_it_alone_whatever_the_jobs(photos, tmp_path):
     """-d writes DIR/<stem>.sfc per input, byte for byte `-o`'s file of that input alone, in one
-    process (--jobs 1) or several; decompress -d gives back each image (png by default, or --format)."""
+    process (--jobs 1) or several; decompress -d gives back each image (in its input's format by default since
+    0.9.31, or --format's)."""
     alone = {}
     for p in photos:
         out = tmp_path / f"{p.stem}.alone.sfc"
@@ -78,9 +80,9 @@ def test_each_file_is_what_o_makes_of_it_alone_whatever_the_jobs(photos, tmp_pat
     back = tmp_path / "back"
     r = sfcodec("decompress", *sorted((tmp_path / "sfc3").iterdir()), "-d", back, "--jobs", "2")
     assert r.exit_code == 0, r.stderr
-    assert sorted(x.name for x in back.iterdir()) == ["a.png", "b.png", "c.png"]
+    assert sorted(x.name for x in back.iterdir()) == ["a.png", "b.png", "c.tif"]  # each its input's format (0.9.31)
     for p in photos:
-        assert same_pixels(p, back / f"{p.stem}.png")
+        assert same_pixels(p, back / p.name)
     tif = tmp_path / "tif"
     r = sfcodec("decompress", *sorted((tmp_path / "sfc1").iterdir()), "-d", tif, "--format", "tif", "-q")
     assert r.exit_code == 0 and r.stderr == ""
@@ -129,7 +131,7 @@ def test_the_files_at_once_fit_in_the_available_memory(photos, tmp_path, monkeyp
     assert seen == [([batch.file_need([p], opts, "compressed") for p in photos], 5 << 30),
                     ([batch.file_need(p, {"jobs": 1}, "decompressed") for p in sfc], 5 << 30)]
     for p in photos:
-        assert same_pixels(p, tmp_path / "y" / f"{p.stem}.png")
+        assert same_pixels(p, tmp_path / "y" / p.name)
 
 
 def test_a_files_memory_estimate(tmp_path):
@@ -213,7 +215,7 @@ def test_a_failing_file_is_one_line_and_the_others_go_on(photos, tmp_path):
     r = sfcodec("decompress", *sorted(d.iterdir()), "-d", back, "-q")
     assert r.exit_code == EXIT["sfc"]
     assert len(lines(r)) == 2 and "a.sfc" in lines(r)[0] and "failed" in lines(r)[1]
-    assert sorted(x.name for x in back.iterdir()) == ["b.png", "c.png"]
+    assert sorted(x.name for x in back.iterdir()) == ["b.png", "c.tif"]
 
 
 def test_a_single_file_fails_as_with_o(photos, tmp_path):
@@ -293,7 +295,7 @@ def test_a_model_coded_file_in_a_batch(tmp_path):
     r = sfcodec("decompress", *sorted(d.iterdir()), "-d", back, "--model", mpath, "--jobs", "2", "-q")
     assert r.exit_code == 0, r.stderr
     for p in ins:
-        assert same_pixels(p, back / f"{p.stem}.png")
+        assert same_pixels(p, back / p.name)
 
 
 def test_a_folder_gives_its_images_and_r_its_subfolders(tmp_path):
@@ -320,7 +322,7 @@ def test_a_folder_gives_its_images_and_r_its_subfolders(tmp_path):
     r = sfcodec("decompress", d, "-d", back, "-r", "--jobs", "2", "-q")
     assert r.exit_code == 0, r.stderr
     for p in ins:
-        assert same_pixels(p, back / p.relative_to(f).with_suffix(".png"))
+        assert same_pixels(p, back / p.relative_to(f).with_suffix(p.suffix.lower()))  # B.TIF back as B.tif
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
     _image(empty / "sub" / "x.png", 7)
@@ -428,3 +430,51 @@ def test_a_16_bit_tiff_output_keeps_the_exif_and_xmp(tmp_path):
         e.load(b"Exif\0\0" + back.metadata["exif"])
         assert e[0x010F] == "Camera" and e.get_ifd(0x8769) == {0x9003: "2024:01:02 03:04:05"}
         assert np.array_equal(images.to_array(back), images.to_array(src))
+
+
+def test_decompress_gives_each_image_back_in_its_inputs_format(tmp_path):
+    """0.9.31: without --format, decompress -d (and -o DIR of a file of several images) writes each image in
+    its input's format where that is lossless and holds it (TIFF, WebP, BMP, PPM, PNG: the suffix in lower
+    case), else PNG (a JPEG's, a GIF's, an image from standard input); --format chooses one for all; a
+    16-bit TIFF comes back as a TIFF; --skip-existing finds the outputs by those names."""
+    from deep_files import tiff16_by_hand
+
+    src = tmp_path / "in"
+    src.mkdir()
+    ins = [_image(src / "a.TIF", 1), _image(src / "b.webp", 2), _image(src / "c.bmp", 3), _image(src / "d.ppm", 4),
+           _image(src / "e.png", 5, mode="LA"), _image(src / "f.jpg", 6), _image(src / "g.gif", 7, mode="P")]
+    (src / "h.tif").write_bytes(tiff16_by_hand(np.random.default_rng(8).integers(0, 65536, (5, 6, 3), dtype=np.uint16)))
+    sfc = tmp_path / "sfc"
+    assert sfcodec("compress", src, "-d", sfc, *SEED, "-q").exit_code == 0
+    back = tmp_path / "back"
+    r = sfcodec("decompress", sfc, "-d", back, "-q")
+    assert r.exit_code == 0, r.stderr
+    names = ["a.tif", "b.webp", "c.bmp", "d.ppm", "e.png", "f.png", "g.png"]
+    assert sorted(x.name for x in back.iterdir()) == names + ["h.tif"]
+    for p, name, fmt in zip(ins, names, ("TIFF", "WEBP", "BMP", "PPM", "PNG", "PNG", "PNG")):
+        with Image.open(back / name) as im:
+            assert im.format == fmt, name
+        assert same_pixels(p, back / name), name
+    assert images.load_image(back / "h.tif").mode == "RGB;16"
+    assert np.array_equal(images.to_array(images.load_image(back / "h.tif")), images.to_array(images.load_image(src / "h.tif")))
+    r = sfcodec("decompress", sfc, "-d", back, "--skip-existing")
+    assert r.exit_code == 0 and "0 of 8 file(s) decompressed" in r.stderr and "(8 skipped" in r.stderr, r.stderr
+    r = sfcodec("decompress", sfc / "a.sfc", sfc / "b.sfc", "-d", tmp_path / "png", "--format", "png", "-q")
+    assert r.exit_code == 0 and sorted(x.name for x in (tmp_path / "png").iterdir()) == ["a.png", "b.png"]
+    # a file of several images, into a directory: each its own format
+    assert sfcodec("compress", ins[0], ins[5], ins[1], "-o", tmp_path / "set.sfc", *SEED, "-q").exit_code == 0
+    assert sfcodec("decompress", tmp_path / "set.sfc", "-o", tmp_path / "set", "-q").exit_code == 0
+    assert sorted(x.name for x in (tmp_path / "set").iterdir()) == ["a.tif", "b.webp", "f.png"]
+    assert sfcodec("decompress", tmp_path / "set.sfc", "-d", tmp_path / "d2", "-q").exit_code == 0
+    assert sorted(x.name for x in (tmp_path / "d2" / "set").iterdir()) == ["a.tif", "b.webp", "f.png"]
+
+
+def test_same_format():
+    """images.same_format: the input's suffix where its format is lossless and holds the mode, else .png."""
+    same = images.same_format
+    assert [same(n, "RGB") for n in ("x.TIF", "x.tiff", "x.webp", "x.bmp", "x.pgm", "x.png", "x.jpg", "x.gif", None,
+                                     "noext", "x.tif.jpeg")] == [
+        ".tif", ".tiff", ".webp", ".bmp", ".pgm", ".png", ".png", ".png", ".png", ".png", ".png"]
+    assert same("x.webp", "L") == ".png" and same("x.webp", "RGBA") == ".webp" and same("x.bmp", "LA") == ".png"
+    assert same("x.ppm", "P") == ".png" and same("x.tif", "PA") == ".tif"
+    assert same("x.tif", "RGB;16") == ".tif" and same("x.tif", "LA;16") == ".png" and same("x.webp", "RGB;16") == ".png"
