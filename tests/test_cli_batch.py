@@ -467,6 +467,8 @@ def test_decompress_gives_each_image_back_in_its_inputs_format(tmp_path):
     assert sorted(x.name for x in (tmp_path / "set").iterdir()) == ["a.tif", "b.webp", "f.png"]
     assert sfcodec("decompress", tmp_path / "set.sfc", "-d", tmp_path / "d2", "-q").exit_code == 0
     assert sorted(x.name for x in (tmp_path / "d2" / "set").iterdir()) == ["a.tif", "b.webp", "f.png"]
+    assert sfcodec("decompress", tmp_path / "set.sfc", "-d", tmp_path / "d3", "--format", "bmp", "-q").exit_code == 0
+    assert sorted(x.name for x in (tmp_path / "d3" / "set").iterdir()) == ["a.bmp", "b.bmp", "f.bmp"]
 
 
 def test_same_format():
