@@ -656,3 +656,29 @@ def test_unkept_names_what_is_not_kept(tmp_path):
         _pixels().save(tmp_path / name, **kw)
         assert images.load_image(tmp_path / name).not_kept == [], name
     assert images.load_image(_tiff_with_exif(tmp_path / "dev.tif")).not_kept == []
+
+
+_ANCILLARY = st.builds(lambda a, b, c, d: bytes([a, b, c, d]), st.integers(97, 122), st.integers(65, 122).filter(
+    lambda v: chr(v).isalpha()), st.integers(65, 90), st.integers(65, 122).filter(lambda v: chr(v).isalpha()))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 2), _ANCILLARY, st.binary(max_size=40)), max_size=6), st.booleans())
+def test_any_ancillary_chunks_come_back_in_place(tmp_path, chunks, palette):
+    """Any ancillary chunks that read() does not take otherwise, at any of the three places, in an RGB or a
+    palette PNG: kept, through the section, and put back into a PNG in the input's order."""
+    chunks = [(p, k, d) for p, k, d in chunks if k not in md._PNG_HELD and k != b"pHYs"]
+    img = _pixels(6, 5).quantize(8) if palette else _pixels(6, 5)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    at = [[(k, d) for p, k, d in chunks if p == place] for place in range(3)]
+    if not palette:  # no PLTE: the first two places are one
+        at = [at[0] + at[1], [], at[2]]
+    data = _with_chunks(buf.getvalue(), at[0], at[1], at[2])
+    p = tmp_path / "c.png"
+    p.write_bytes(data)
+    src = images.load_image(p)
+    (back,) = md.unpack(*md.pack([src.metadata]))
+    out = images.encode_image(images.to_pil(src), ".png", back)
+    ours = [(k, d) for k, d in _chunks(out) if k not in (b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS")]
+    assert ours == [(k, d) for k, d in _chunks(data) if k not in (b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS")]
