@@ -65,9 +65,9 @@ class Outcome:
 
 def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], what: str,
          raw: frozenset[str] = frozenset(), quiet: bool = False) -> tuple[list[Path], list[Path]]:
-    """(files, their outputs): a file input -> out_dir / (its stem + suffix, or suffix(file) where suffix is a
-    function: decompress's by each file's header); a folder -> its files whose
-    suffix is in kinds (hidden ones not), with `recursive` its subfolders' too, each at its place under
+    """(files, their outputs): a file input -> out_dir / (its stem + suffix; suffix(file) where suffix is a
+    function, decompress's by each file's header); a folder -> its files whose suffix is in kinds (hidden
+    ones not), with `recursive` its subfolders' too, each at its place under
     out_dir. UsageError where two would share an output (also where only the case of their names
     differs: one file on macOS and Windows), or a folder holds no such file. A folder's files whose
     suffix is in `raw` (camera raw files, which compress does not read) are left out, one warning line

@@ -19,7 +19,8 @@ Modes coded:
                                     (deep.py); `to_array` gives them, `encode_source` writes a PNG or TIFF
 Refused with a clear message: 32-bit / float (I, F), 16-bit colour other than PNG and TIFF (or a
 TIFF of several pictures or planes), 16-bit images with a transparent colour, CMYK, YCbCr, LAB, HSV,
-premultiplied (RGBa, La), animations, and anything Pillow can't open.
+premultiplied (RGBa, La), animations, icons of several sizes (ICO, ICNS), and anything Pillow can't open
+(a .sfc file said to be one).
 """
 from __future__ import annotations
 

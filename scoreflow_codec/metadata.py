@@ -266,9 +266,10 @@ _JPEG_ABOUT = (("APP13", b"Photoshop 3.0\0", "IPTC / Photoshop data"),
 
 def unkept(img) -> list[str]:
     """What the file of an opened Pillow image holds beside its pixels that read() does not keep (0.9.31:
-    compress names it in a warning): a TIFF's other first-directory tags (Photoshop's layers ...), a PNG's
-    other chunks (tIME, bKGD, sBIT ...), a JPEG's other segments (IPTC, comments ...), a GIF's comment;
-    each once, in file order. [] where there is nothing or the file cannot be read again."""
+    compress names it in a warning): a TIFF's other first-directory tags (Photoshop's layers, GeoTIFF's,
+    private ones), a PNG's critical chunks that Pillow does not know (its ancillary ones are kept:
+    png_chunks), a JPEG's other segments (IPTC in APP13, comments ...), a GIF's comment; each once, in file
+    order. [] where there is nothing, or for a PNG that cannot be read again."""
     path = source(img)
     names: list[str] = []
     if img.format == "TIFF":
