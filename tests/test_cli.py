@@ -314,9 +314,9 @@ def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
 
 def test_what_a_file_holds_and_the_sfc_does_not_keep_is_warned_about(tmp_path):
     """0.9.31: what an input holds beside its pixels that the .sfc does not keep (a TIFF's Photoshop layers
-    and private tags, a JPEG's comment) is one warning line naming it, with -o and -d (where -q is quiet
-    and --no-metadata asked for the pixels alone: no warning); a PNG's tIME chunk, kept since 0.9.31, comes
-    back with its PNG and is not warned about."""
+    and private tags, a JPEG's comment) is one warning line naming it, with -o and -d, and by verify (where
+    -q is quiet and --no-metadata asked for the pixels alone: no warning); a PNG's tIME chunk, kept since
+    0.9.31, comes back with its PNG and is not warned about."""
     from PIL import TiffImagePlugin
 
     img = Image.fromarray(_smooth_rgb(16, 24, seed=3), "RGB")
@@ -347,6 +347,17 @@ def test_what_a_file_holds_and_the_sfc_does_not_keep_is_warned_about(tmp_path):
     assert "comment (COM)" in r.stderr
     assert_ok(sfcodec("decompress", tmp_path / "d" / "t.sfc", "-o", tmp_path / "t2.png", "-q"))
     assert when in (tmp_path / "t2.png").read_bytes()
+    # verify says it too: the pixels and what is kept are identical, and this is not kept
+    r = sfcodec("verify", tif, png, "--fallback", "seed")
+    assert_ok(r)
+    assert [ln for ln in r.stderr.splitlines() if "warning" in ln] == [
+        f"sfcodec: warning: {tif}: not kept in the .sfc file: ImageSourceData (tag 37724: Photoshop's layers), "
+        "tag 65000"] and "OK: 2 image(s)" in r.output
+    r = sfcodec("verify", tif, png, "--fallback", "seed", "--json")
+    assert_ok(r)
+    assert json.loads(r.stdout)["not_kept"] == {str(tif): ["ImageSourceData (tag 37724: Photoshop's layers)",
+                                                           "tag 65000"]}
+    assert json.loads(sfcodec("verify", tif, "--fallback", "seed", "--json", "--no-metadata").stdout)["not_kept"] == {}
 
 
 def test_files_keep_their_dates_through_compress_and_decompress(tmp_path):
