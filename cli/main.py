@@ -626,6 +626,19 @@ def info(inputs, as_json):
     sys.exit(code)
 
 
+def _png_chunk_types(data: bytes, h: dict) -> dict[int, list[str]]:
+    """Per image, the types of the PNG chunks its file keeps (0.9.31), from the metadata section; {} where
+    the file cannot be read that far (info still shows the header)."""
+    from scoreflow_codec import api, container, metadata
+
+    try:
+        section = container.unpack_all(data)[2]
+        mds = metadata.unpack([m.get("kept", {}) for *_, m in api.expand_images(h)], section)
+    except SfcError:
+        return {}
+    return {i: list(dict.fromkeys(metadata.png_chunk_types(md["png"]))) for i, md in enumerate(mds) if "png" in md}
+
+
 def _show_info(input: Path, data: bytes, h: dict) -> None:
     """info's lines for one file (its bytes and header)."""
     from scoreflow_codec import api, container, deep, images, metadata, zoo
@@ -669,10 +682,12 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
     if len(wide) > 20:
         click.echo(f"           ... {len(wide) - 20} more 16-bit images")
     kept = sorted((int(i), m["kept"]) for i, m in h.get("meta", {}).items() if "kept" in m and i.isdigit())
+    chunks = _png_chunk_types(data, h) if any("png" in k for _, k in kept[:20]) else {}
     for i, k in kept[:20]:
         name = h["meta"][str(i)].get("name")
+        types = f" ({', '.join(chunks[i])})" if chunks.get(i) else ""
         click.echo(f"{'metadata:' if i == kept[0][0] else '':11s}{'image ' + str(i) if n > 1 else 'kept'}"
-                   f"{' (' + name + ')' if n > 1 and isinstance(name, str) else ''}: {metadata.describe(k)}")
+                   f"{' (' + name + ')' if n > 1 and isinstance(name, str) else ''}: {metadata.describe(k)}{types}")
     if len(kept) > 20:
         click.echo(f"           ... {len(kept) - 20} more images with metadata")
     if not kept:

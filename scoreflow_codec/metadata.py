@@ -378,6 +378,11 @@ def _png_blob_chunks(blob: bytes) -> list[tuple[int, bytes, bytes]]:
     return out
 
 
+def png_chunk_types(blob: bytes) -> list[str]:
+    """The types of a "png" blob's chunks, in order (BadFileError where it is damaged)."""
+    return [kind.decode("latin-1") for _, kind, _ in _png_blob_chunks(blob)]
+
+
 def png_with_chunks(png: bytes, blob: bytes) -> bytes:
     """A PNG file's bytes with a "png" blob's chunks put in, each at its place (0: before the PLTE, or the
     first IDAT where there is none; 1: before the first IDAT; 2: before the IEND), in their order; a chunk
@@ -447,8 +452,7 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
     held = {"WEBP": ("icc", "exif", "xmp"), "TIFF": ("icc", "dpi", "exif", "xmp"), "BMP": ("dpi",)}.get(fmt, ())
     for name in md:
         if name == "png" and name not in held:
-            kinds = dict.fromkeys(kind.decode("latin-1") for _, kind, _ in _png_blob_chunks(md["png"]))
-            dropped.append(f"{NAMES[name]} ({', '.join(kinds)})")
+            dropped.append(f"{NAMES[name]} ({', '.join(dict.fromkeys(png_chunk_types(md['png'])))})")
         elif name not in held:
             dropped.append(NAMES[name])
     for name, arg in (("icc", "icc_profile"), ("exif", "exif"), ("xmp", "xmp")):

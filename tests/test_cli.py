@@ -347,6 +347,14 @@ def test_what_a_file_holds_and_the_sfc_does_not_keep_is_warned_about(tmp_path):
     assert "comment (COM)" in r.stderr
     assert_ok(sfcodec("decompress", tmp_path / "d" / "t.sfc", "-o", tmp_path / "t2.png", "-q"))
     assert when in (tmp_path / "t2.png").read_bytes()
+    r = sfcodec("info", tmp_path / "d" / "t.sfc")  # info names the kept chunks' types
+    assert_ok(r)
+    assert "metadata:  kept: other PNG chunks 20 bytes (tIME)" in r.output
+    cut = tmp_path / "cut.sfc"  # the section cut off: the header still shown, without the types
+    cut.write_bytes((tmp_path / "d" / "t.sfc").read_bytes()[:-30])
+    r = sfcodec("info", cut)
+    assert_ok(r)
+    assert "metadata:  kept: other PNG chunks 20 bytes\n" in r.output
     # verify says it too: the pixels and what is kept are identical, and this is not kept
     r = sfcodec("verify", tif, png, "--fallback", "seed")
     assert_ok(r)
