@@ -18,8 +18,9 @@ An image's metadata is a dict (`SourceImage.metadata`), each entry optional:
     "chromaticity"  PNG cHRM, 8 floats (white point and primaries, each the integer / 100000)
     "dpi"   [x, y]  resolution in dots per inch (PNG pHYs, TIFF, JPEG JFIF, BMP)
     "png"   bytes   a PNG's other ancillary chunks (0.9.31; png_chunks): tIME, bKGD, sBIT, sPLT, hIST, cICP,
-                    oFFs, pHYs of an aspect ratio alone, private chunks ..., each as the file holds it with
-                    its place (before PLTE, before IDAT, after IDAT), written back into a PNG as they were
+                    oFFs, pHYs of an aspect ratio alone, and the others that are marked safe to copy (not
+                    Apple's iDOT, not dSIG), each as the file holds it with its place (before PLTE, before
+                    IDAT, after IDAT), written back into a PNG as they were
 
 A TIFF holds its EXIF in its own tags (0.9.29): the metadata ones of its first directory (description,
 make, model, orientation, software, date, artist, copyright, rating: TIFF_EXIF_TAGS) and its Exif and
@@ -31,7 +32,8 @@ Since 0.9.31 also its DocumentName, PageName, HostComputer, IPTC-NAA (33723) and
 Pillow gives the first alone).
 
 Not kept, and named by `unkept` (compress warns, 0.9.31): a TIFF's other tags (Photoshop's layers in
-ImageSourceData, GeoTIFF's, private ones), a PNG's unknown critical chunks, a JPEG's comments and segments
+ImageSourceData, GeoTIFF's, private ones), a PNG's unknown critical chunks and unknown ancillary ones marked
+unsafe to copy (Apple's iDOT, dSIG, Fireworks' mkBF ...), a JPEG's comments and segments
 other than JFIF, EXIF, XMP and ICC (IPTC in APP13, extended XMP), a GIF's comment. Nor the order of a PNG's
 chunks beyond their places, nor the EXIF's Interoperability directory in a TIFF output.
 
@@ -254,6 +256,13 @@ _TIFF_ABOUT = {37724: "Photoshop's layers", 330: "further pictures"}
 # animation has (animations are refused)
 _PNG_HELD = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"iCCP", b"eXIf", b"iTXt", b"tEXt", b"zTXt",
                        b"gAMA", b"sRGB", b"cHRM", b"acTL", b"fcTL", b"fdAT"})
+# The ancillary chunks marked unsafe to copy whose meaning is the pixels' or the palette's alone, which the
+# codec gives back exactly (the PNG specification: an editor that changes the image drops the unsafe chunks
+# it does not know; we change only how the image data is compressed). Other unsafe ones are not kept, as
+# that rule says: Apple's iDOT holds offsets into the image data as it was compressed, dSIG signs the file's
+# bytes (compress names them).
+_PNG_COPY = frozenset({b"bKGD", b"hIST", b"sBIT", b"sPLT", b"tIME", b"cICP", b"mDCv", b"cLLi", b"oFFs", b"pCAL",
+                       b"sCAL", b"sTER", b"gIFg", b"gIFx", b"gIFt"})
 _PNG_MAX_CHUNKS = 100_000
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # a JPEG's segments that read() keeps or that describe its pixels, by marker and the start of their data
@@ -267,8 +276,8 @@ _JPEG_ABOUT = (("APP13", b"Photoshop 3.0\0", "IPTC / Photoshop data"),
 def unkept(img) -> list[str]:
     """What the file of an opened Pillow image holds beside its pixels that read() does not keep (0.9.31:
     compress names it in a warning): a TIFF's other first-directory tags (Photoshop's layers, GeoTIFF's,
-    private ones), a PNG's critical chunks that Pillow does not know (its ancillary ones are kept:
-    png_chunks), a JPEG's other segments (IPTC in APP13, comments ...), a GIF's comment; each once, in file
+    private ones), a PNG's critical chunks that Pillow does not know and its unknown ancillary ones marked
+    unsafe to copy (the others are kept: png_chunks), a JPEG's other segments (IPTC in APP13, comments ...), a GIF's comment; each once, in file
     order. [] where there is nothing, or for a PNG that cannot be read again."""
     path = source(img)
     names: list[str] = []
@@ -337,16 +346,20 @@ def _png_walk(path, wanted) -> list[tuple[bytes, int, bytes | None]]:
 
 def _png_kept(kind: bytes, has_dpi: bool) -> bool:
     """Whether png_chunks keeps a chunk of this type: an ancillary one (first letter in lower case) that
-    read() does not keep otherwise; pHYs where it gives no resolution (a pixel aspect ratio alone)."""
+    read() does not keep otherwise, and that is either marked safe to copy (fourth letter in lower case) or
+    one of _PNG_COPY; pHYs where it gives no resolution (a pixel aspect ratio alone)."""
     if kind == b"pHYs":
         return not has_dpi
-    return len(kind) == 4 and kind.isalpha() and kind[:1].islower() and kind not in _PNG_HELD
+    if not (len(kind) == 4 and kind.isalpha() and kind[:1].islower()) or kind in _PNG_HELD:
+        return False
+    return kind in _PNG_COPY or kind[3:4].islower()
 
 
 def png_chunks(path, has_dpi: bool = False) -> bytes:
     """The "png" blob of the PNG file at `path` (0.9.31): its ancillary chunks that read() does not keep
-    otherwise (tIME, bKGD, sBIT, sPLT, cICP, oFFs, private ones ...), each as one byte of its place
-    (_png_walk) and the chunk as the file holds it, in file order; b"" for none, or where path is None.
+    otherwise (tIME, bKGD, sBIT, sPLT, cICP, oFFs, those marked safe to copy: _png_kept), each as one byte
+    of its place (_png_walk) and the chunk as the file holds it, in file order; b"" for none, or where path
+    is None.
     png_with_chunks writes them back into a PNG, at the same places. A chunk whose CRC does not match
     is left out (a PNG reader would not take it either)."""
     if path is None:
