@@ -195,9 +195,9 @@ def _load_images(paths, keep_metadata: bool) -> list:
     from scoreflow_codec import images
 
     sources = [_stdin_image() if _stdio(p) else images.load_image(p) for p in paths]
-    if not keep_metadata:
+    if not keep_metadata:  # the pixels alone, as asked: nothing kept, nothing to say was not
         for s in sources:
-            s.metadata = {}
+            s.metadata, s.not_kept = {}, []
     return sources
 
 
@@ -432,7 +432,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
         dec_s = time.perf_counter() - t1
         api.check_identical(sources, back)
     _write(output, data, inputs)
-    warnings = _not_kept(sources, inputs, o["keep_metadata"])
+    warnings = _not_kept(sources, inputs)
     warnings += [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
     msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
            f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
@@ -440,11 +440,11 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
     return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=warnings)
 
 
-def _not_kept(sources, inputs, keep_metadata: bool) -> list[str]:
+def _not_kept(sources, inputs) -> list[str]:
     """A warning line per input that holds what the .sfc does not keep beside its pixels (0.9.31:
-    metadata.unkept; none with --no-metadata, which asked for the pixels alone)."""
+    metadata.unkept; none with --no-metadata, for which _load_images clears it)."""
     return [f"sfcodec: warning: {_shown(p)}: not kept in the .sfc file: {', '.join(s.not_kept)}"
-            for s, p in zip(sources, inputs) if s.not_kept and keep_metadata]
+            for s, p in zip(sources, inputs) if s.not_kept]
 
 
 def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str]:
@@ -739,11 +739,11 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
            "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
            "model_saving_bits": None if rep.model_saving is None else rep.model_saving.bits,
            "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True,
-           "not_kept": {_shown(p): s.not_kept for s, p in zip(sources, inputs) if s.not_kept and keep_metadata}}
+           "not_kept": {_shown(p): s.not_kept for s, p in zip(sources, inputs) if s.not_kept}}
     if as_json:
         click.echo(json.dumps(out))
     else:
-        for w in [] if quiet else _not_kept(sources, inputs, keep_metadata):
+        for w in [] if quiet else _not_kept(sources, inputs):
             click.echo(w, err=True)
         click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
                    f"[{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical"
