@@ -409,8 +409,12 @@ def to_pil(src: SourceImage) -> Image.Image:
     return gray.convert("1") if src.mode == "1" else gray
 
 
-def _cannot_hold(fmt: str, mode: str) -> str | None:
-    """Why a file of format `fmt` (LOSSLESS_SAVE's) cannot hold an 8-bit image of this Pillow mode, or None."""
+def _cannot_hold(fmt: str | None, mode: str) -> str | None:
+    """Why a file of format `fmt` (LOSSLESS_SAVE's) cannot hold an image of this mode (a Pillow mode, or a
+    16-bit one: deep.WRITTEN_AS), or None."""
+    if mode in dp.MODES:
+        return None if fmt in dp.WRITTEN_AS[mode] else \
+            f"a 16-bit {mode} image can only be written as {' or '.join(dp.WRITTEN_AS[mode])}"
     if fmt == "WEBP" and mode not in ("RGB", "RGBA"):
         return f"WebP cannot hold mode {mode} losslessly; use .png"
     if fmt == "PPM" and mode not in ("RGB", "L", "1"):
@@ -427,11 +431,7 @@ def same_format(name: str | None, mode: str) -> str:
     an image from standard input)."""
     suffix = Path(name).suffix.lower() if isinstance(name, str) else ""
     fmt = LOSSLESS_SAVE.get(suffix)
-    if fmt is None:
-        return ".png"
-    if mode in dp.MODES:
-        return suffix if fmt in dp.WRITTEN_AS[mode] else ".png"
-    return ".png" if _cannot_hold(fmt, mode) else suffix
+    return ".png" if fmt is None or _cannot_hold(fmt, mode) else suffix
 
 
 def encode_image(img: Image.Image, suffix: str, metadata: dict | None = None) -> bytes:
@@ -461,9 +461,9 @@ def encode_source(src: SourceImage, suffix: str) -> bytes:
     (grey + alpha: PNG only)."""
     if src.deep:
         fmt = LOSSLESS_SAVE.get(suffix.lower())
-        if fmt not in dp.WRITTEN_AS[src.mode]:
-            raise UnsupportedImageError(f"a 16-bit {src.mode} image can only be written as "
-                                        f"{' or '.join(dp.WRITTEN_AS[src.mode])}, not {suffix!r}")
+        why = _cannot_hold(fmt, src.mode)
+        if why:
+            raise UnsupportedImageError(f"{why}, not {suffix!r}")
         write = dp.encode_tiff if fmt == "TIFF" else dp.encode_png
         return write(to_array(src), src.mode, src.metadata)
     return encode_image(to_pil(src), suffix, src.metadata)
