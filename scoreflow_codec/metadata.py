@@ -277,8 +277,9 @@ def unkept(img) -> list[str]:
     """What the file of an opened Pillow image holds beside its pixels that read() does not keep (0.9.31:
     compress names it in a warning): a TIFF's other first-directory tags (Photoshop's layers, GeoTIFF's,
     private ones), a PNG's critical chunks that Pillow does not know and its unknown ancillary ones marked
-    unsafe to copy (the others are kept: png_chunks), a JPEG's other segments (IPTC in APP13, comments ...), a GIF's comment; each once, in file
-    order. [] where there is nothing, or for a PNG that cannot be read again."""
+    unsafe to copy (the others are kept: png_chunks), a JPEG's other segments (IPTC in APP13, comments ...),
+    a GIF's comment; each once, in file order. [] where there is nothing, or for a PNG that cannot be read
+    again."""
     path = source(img)
     names: list[str] = []
     if img.format == "TIFF":
