@@ -1,6 +1,7 @@
 """The trainer: a tiny model's bound falls, resume restores everything, checkpoints obey the size
 limit, export gives a model the codec loads, DDP runs under torchrun (CPU, gloo)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -161,6 +162,49 @@ def test_eval_crops_spread_over_few_images():
     for j, (r, c) in enumerate(corners):
         assert torch.equal(y[4 + j], torch.from_numpy(few[1][r:r + 32, c:c + 32].transpose(2, 0, 1).copy()))
     assert torch.equal(center_crops(few, 32, 3)[2], torch.from_numpy(few[2][34:66, 24:56].transpose(2, 0, 1).copy()))
+
+
+def test_a_few_photographs_without_eval_data_hold_one_out(tmp_path):
+    """A folder of fewer than 20 images and no --eval-data: one image is held out (before 0.9.32 none
+    was, and the run stopped on "need at least one array to stack"); one image alone, or held-out
+    images smaller than the crop, stop the run with one line naming the cause."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+    from trainer.data import hold_out
+
+    ims = [np.full((40, 40, 3), i, np.uint8) for i in range(45)]
+    for n, held in ((2, 1), (5, 1), (19, 1), (20, 2), (45, 4)):
+        h, t = hold_out(ims[:n], 256)
+        assert len(h) == held and len(t) == n - held and h[0] is ims[0] and t[0] is ims[held]
+    assert len(hold_out(ims, 3)[0]) == 3 and len(hold_out(ims, 0)[0]) == 1
+    with pytest.raises(ValueError, match="too few to hold one out"):
+        hold_out(ims[:1], 256)
+    with pytest.raises(ValueError, match="1 evaluation image"):
+        center_crops([ims[0], np.zeros((20, 50, 3), np.uint8)], 32, 4)
+    with pytest.raises(ValueError, match="no images"):
+        center_crops([], 32, 4)
+
+    rng = np.random.default_rng(0)
+    photos, one, small = tmp_path / "photos", tmp_path / "one", tmp_path / "small"
+    for d in (photos, one, small):
+        d.mkdir()
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (48, 56, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    Image.fromarray(rng.integers(0, 256, (48, 56, 3), dtype=np.uint8)).save(one / "a.png")
+    Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(small / "s.png")
+    common = ["train", "--preset", "tiny", "--crop", "32", "--batch", "4", "--steps", "2", "--eval-every", "2",
+              "--eval-images", "4", "--eval-n-t", "2", "--save-every", "0", "--no-progress", "--threads", "1"]
+    r = CliRunner().invoke(main, common + ["--data", str(photos), "--out", str(tmp_path / "r1")])
+    assert r.exit_code == 0, r.output
+    evals = [m for m in map(json.loads, (tmp_path / "r1" / "metrics.jsonl").read_text().splitlines())
+             if "eval_bound_bpd" in m]
+    assert evals and math.isfinite(evals[-1]["eval_bound_bpd"])
+    for data, extra, words in ((one, [], "too few to hold one out"),
+                               (one, ["--eval-data", str(small)], "smaller than the crop size 32")):
+        r = CliRunner().invoke(main, common + ["--data", str(data), "--out", str(tmp_path / "r2")] + extra)
+        assert r.exit_code == 2 and "trainer: error:" in r.stderr and words in r.stderr, r.output
+        assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
 
 
 def test_cli_input_errors_are_one_line(tmp_path):

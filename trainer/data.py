@@ -53,6 +53,16 @@ def codec_pixels(path: Path) -> np.ndarray:
     return np.ascontiguousarray(np.repeat(c, 3, axis=2) if c.shape[2] == 1 else c)
 
 
+def hold_out(images: list[np.ndarray], holdout: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(held out, training): the first min(holdout, N // 10) images, at least one, for a run given
+    no evaluation data (a folder of a few photographs still gets one). ValueError with fewer than two."""
+    if len(images) < 2:
+        raise ValueError(f"{len(images)} training image and no --eval-data: too few to hold one out "
+                         f"(give --eval-data, or more images)")
+    n = max(1, min(holdout, len(images) // 10))
+    return images[:n], images[n:]
+
+
 class CropSampler:
     """Random crops (with optional random down-scaling and horizontal flips) as uint8 [B, 3, c, c]."""
 
@@ -110,6 +120,11 @@ def center_crops(images: list[np.ndarray], crop: int, n: int) -> torch.Tensor:
     With at least n images: the centre crop of each of the first n (a CIFAR-style set). With fewer
     (a folder of photographs): k = ceil(n / len) crops from each image on a regular grid
     (k = 1: the centre), the first n of them, so a dozen held-out photos still give n crops."""
+    if not images:
+        raise ValueError("no images to take evaluation crops from")
+    small = sum(min(im.shape[:2]) < crop for im in images[:n])
+    if small:
+        raise ValueError(f"{small} evaluation image(s) smaller than the crop size {crop}")
     out = []
     k = max(1, -(-n // max(1, len(images))))
     g = math.ceil(math.sqrt(k))

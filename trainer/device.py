@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from . import checkpoint as ckpt
-from .data import load_images
+from .data import hold_out, load_images
 
 TRAVEL_LIMIT = 64 * 1024 * 1024
 RETURN_FILES = 8
@@ -102,10 +102,10 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
             train_args: str = "", limit: int = TRAVEL_LIMIT, holdout: int = 256, data_seed: int = 0) -> dict:
     """Fill repo/.device_data for one chunk; returns the sizes and the command.
 
-    Without eval_data the first min(holdout, N // 10) images of `data` are held out, as the
-    trainer does. The training images take the room the 64 MiB leave (less 1 MiB): all of them
-    where they fit (CIFAR-10), else a random subset drawn with data_seed (the 135 photographs of
-    natural/ do not fit: give each chunk another seed). Raises ValueError when what would travel is
+    Without eval_data the first min(holdout, N // 10) images of `data` (at least one) are held
+    out, as the trainer does (data.hold_out). The training images take the room the 64 MiB leave
+    (less 1 MiB): all of them where they fit (CIFAR-10), else a random subset drawn with data_seed
+    (the 135 photographs of natural/ do not fit: give each chunk another seed). Raises ValueError when what would travel is
     over `limit` anyway, or when the checkpoint would not come back in RETURN_FILES files."""
     repo = Path(repo).resolve()
     _git_files(repo)  # a checkout, or one clear error before any work
@@ -143,8 +143,7 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     if eval_data:
         held = load_images(eval_data)
     else:
-        n_hold = min(holdout, len(train_images) // 10)
-        held, train_images = train_images[:n_hold], train_images[n_hold:]
+        held, train_images = hold_out(train_images, holdout)
     _write_folder(held[:eval_images], dd / "test")
     room = limit - travel_size(repo, dd)["total"] - (1 << 20)
     if room <= 0:

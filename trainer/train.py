@@ -28,7 +28,7 @@ from scoreflow_codec.sde import SDEConfig
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import CropSampler, center_crops, load_images
+from .data import CropSampler, center_crops, hold_out, load_images
 
 log = logging.getLogger("trainer")
 
@@ -174,8 +174,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     if cfg.eval_data:
         eval_images = load_images(cfg.eval_data)
     else:
-        n_hold = min(cfg.holdout, len(train_images) // 10)
-        eval_images, train_images = train_images[:n_hold], train_images[n_hold:]
+        eval_images, train_images = hold_out(train_images, cfg.holdout)
     sampler = CropSampler(train_images, cfg.crop, cfg.flip, cfg.min_scale, rank, world, seed=cfg.seed + step)
     eval_x = center_crops(eval_images, cfg.crop, cfg.eval_images).to(dev)
     train_x = center_crops(train_images, cfg.crop, cfg.eval_images).to(dev)
