@@ -168,8 +168,12 @@ def load_model_file(path: str | os.PathLike, device: str | torch.device = "cpu")
 def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -> LoadedModel:
     """Check and build a model from the .safetensors bytes `data` read from `p` (named in errors;
     its stem is the model's name where the file records none)."""
-    meta = _header(data, str(p)).get("__metadata__") or {}
+    header = _header(data, str(p))
+    meta = header.get("__metadata__") or {}
     if meta.get("format") != FORMAT:
+        if meta.get("format") is None and any(k.startswith(("ema.model.", "net.model.")) for k in header):
+            raise ModelError(f"{p}: a training checkpoint's weights, not a model file: export the run's model "
+                             f"first (python -m trainer export RUN -o model.safetensors)")
         raise ModelError(f"{p}: not a scoreflow-codec model (format {meta.get('format')!r})")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ModelError(f"{p}: model format version {meta.get('format_version')!r} is not supported "

@@ -72,6 +72,11 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
             _entry_defaults(loaded, index["models"][shipped])
         return loaded
     name = str(name_or_path)
+    if name not in index["models"] and Path(name).is_dir():
+        if (Path(name) / "checkpoint" / "state.json").is_file():
+            raise ModelError(f"{name}: a training run, not a model file: export its model first "
+                             f"(python -m trainer export {name} -o model.safetensors)")
+        raise ModelError(f"{name}: a folder, not a model file")
     if name not in index["models"]:
         names = ", ".join(index["models"]) or "none"
         raise ModelError(f"unknown model {name!r}: not a file, and not a shipped model (shipped: {names})")

@@ -121,6 +121,8 @@ def _bad_files(tmp_path):
     (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
     (tmp_path / "plain.safetensors").write_bytes(st_save({"w": torch.zeros(2)}))
     (tmp_path / "pickle.pt").write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
+    (tmp_path / "weights-000.safetensors").write_bytes(st_save({"ema.model.net.w": torch.zeros(2),
+                                                               "ema.dequant.w": torch.zeros(2)}))
     (tmp_path / "trunc.safetensors.xz").write_bytes(lzma.compress(data)[:-100])
     (tmp_path / "junk.safetensors.xz").write_bytes(lzma.compress(b"junk"))
     return {
@@ -132,6 +134,8 @@ def _bad_files(tmp_path):
         "truncated": (tmp_path / "trunc.safetensors", "safetensors"),
         "pickle": (tmp_path / "pickle.pt", "not a safetensors"),
         "foreign": (tmp_path / "plain.safetensors", "not a scoreflow-codec model"),
+        "checkpoint": (tmp_path / "weights-000.safetensors", "a training checkpoint's weights, not a model file: "
+                                                             "export the run's model first (python -m trainer export"),
         "version": (_rewrite(good, tmp_path / "v.st", meta=lambda m: {**m, "format_version": "2"}), "version"),
         "config": (_rewrite(good, tmp_path / "c.st", meta=lambda m: {**m, "config": "{not json"}), "bad model config"),
         "no_unet": (_rewrite(good, tmp_path / "n.st",
@@ -212,6 +216,21 @@ def test_bad_files_raise_model_error(tmp_path):
             load_model_file(path)
         msg = str(e.value)
         assert words in msg and "\n" not in msg, (case, msg)
+
+
+def test_a_folder_given_as_model_is_named(tmp_path):
+    """A run directory (a checkpoint in it) or another folder as --model: one line saying what it is and,
+    for a run, the export command; not "unknown model ... not a shipped model"."""
+    run = tmp_path / "runs" / "mine"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "state.json").write_text("{}")
+    with pytest.raises(ModelError, match=r"mine: a training run, not a model file: export its model first "
+                                         r"\(python -m trainer export .*mine -o model.safetensors\)"):
+        zoo.load_model(str(run))
+    with pytest.raises(ModelError, match=r"runs: a folder, not a model file$"):
+        zoo.load_model(str(tmp_path / "runs"))
+    with pytest.raises(ModelError, match="not a shipped model"):
+        zoo.load_model(str(tmp_path / "nowhere"))
 
 
 def test_no_pickle_in_the_loaders():
