@@ -171,7 +171,7 @@ def load_model_bytes(data: bytes, p: Path, device: str | torch.device = "cpu") -
     header = _header(data, str(p))
     meta = header.get("__metadata__") or {}
     if meta.get("format") != FORMAT:
-        if meta.get("format") is None and any(k.startswith(("ema.model.", "net.model.")) for k in header):
+        if meta.get("format") is None and any(k.startswith(("ema.", "emadelta.", "net.", "opt.")) for k in header):
             raise ModelError(f"{p}: a training checkpoint's weights, not a model file: export the run's model "
                              f"first (python -m trainer export RUN -o model.safetensors)")
         raise ModelError(f"{p}: not a scoreflow-codec model (format {meta.get('format')!r})")

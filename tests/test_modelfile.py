@@ -121,8 +121,7 @@ def _bad_files(tmp_path):
     (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
     (tmp_path / "plain.safetensors").write_bytes(st_save({"w": torch.zeros(2)}))
     (tmp_path / "pickle.pt").write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
-    (tmp_path / "weights-000.safetensors").write_bytes(st_save({"ema.model.net.w": torch.zeros(2),
-                                                               "ema.dequant.w": torch.zeros(2)}))
+    (tmp_path / "weights-001.safetensors").write_bytes(st_save({"opt.3.exp_avg": torch.zeros(2)}))  # a later shard
     (tmp_path / "trunc.safetensors.xz").write_bytes(lzma.compress(data)[:-100])
     (tmp_path / "junk.safetensors.xz").write_bytes(lzma.compress(b"junk"))
     return {
@@ -134,7 +133,7 @@ def _bad_files(tmp_path):
         "truncated": (tmp_path / "trunc.safetensors", "safetensors"),
         "pickle": (tmp_path / "pickle.pt", "not a safetensors"),
         "foreign": (tmp_path / "plain.safetensors", "not a scoreflow-codec model"),
-        "checkpoint": (tmp_path / "weights-000.safetensors", "a training checkpoint's weights, not a model file: "
+        "checkpoint": (tmp_path / "weights-001.safetensors", "a training checkpoint's weights, not a model file: "
                                                              "export the run's model first (python -m trainer export"),
         "version": (_rewrite(good, tmp_path / "v.st", meta=lambda m: {**m, "format_version": "2"}), "version"),
         "config": (_rewrite(good, tmp_path / "c.st", meta=lambda m: {**m, "config": "{not json"}), "bad model config"),
