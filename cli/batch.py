@@ -81,16 +81,7 @@ def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], 
             files.append(i)
             names.append(out_dir / (i.stem + sfx(i)))
             continue
-        found = _folder(i, recursive, kinds)
-        raws = len(_folder(i, recursive, raw)) if raw else 0
-        left = (f"{raws} camera raw file(s), which sfcodec does not read: develop them into 16-bit TIFFs or PNGs "
-                "first") if raws else ""
-        if not found:
-            sub = "" if recursive else " (-r: its subfolders too)"
-            raise UsageError(f"{i}: no {what} in the folder{sub}{'; ' + left if left else ''}")
-        if left and not quiet:
-            click.echo(f"sfcodec: warning: {i}: {left}; left out", err=True)
-        for f in found:
+        for f in folder_files(i, recursive, kinds, what, raw, quiet):
             rel = f.relative_to(i)
             files.append(f)
             names.append(out_dir / rel.parent / (f.stem + sfx(f)))
@@ -102,6 +93,23 @@ def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], 
                              "or -o each)")
         first[key] = f
     return files, names
+
+
+def folder_files(top: Path, recursive: bool, kinds: frozenset[str], what: str, raw: frozenset[str] = frozenset(),
+                 quiet: bool = False) -> list[Path]:
+    """The files of the folder top (its subfolders' too where recursive) whose suffix is in kinds, sorted;
+    UsageError where there is none. Camera raw files (suffix in raw) are left out, one warning line
+    counting them unless quiet."""
+    found = _folder(top, recursive, kinds)
+    raws = len(_folder(top, recursive, raw)) if raw else 0
+    left = (f"{raws} camera raw file(s), which sfcodec does not read: develop them into 16-bit TIFFs or PNGs "
+            "first") if raws else ""
+    if not found:
+        sub = "" if recursive else " (-r: its subfolders too)"
+        raise UsageError(f"{top}: no {what} in the folder{sub}{'; ' + left if left else ''}")
+    if left and not quiet:
+        click.echo(f"sfcodec: warning: {top}: {left}; left out", err=True)
+    return found
 
 
 def _folder(top: Path, recursive: bool, kinds: frozenset[str]) -> list[Path]:

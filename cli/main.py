@@ -754,7 +754,8 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--limit", type=int, default=None, help="Use the first N images (of an .npz).")
+@click.option("--limit", type=int, default=None, help="Use the first N images (of an .npz, a folder, all inputs).")
+@click.option("-r", "--recursive", is_flag=True, help="A folder's subfolders' images too.")
 @click.option("--no-ode", is_flag=True, help="Bound only (the ODE NLL is the slow part).")
 @click.option("--n-t", type=int, default=1000, show_default=True, help="Time samples for the bound.")
 @click.option("--rtol", type=float, default=1e-5, show_default=True)
@@ -765,14 +766,20 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
 @click.option("--seed", type=int, default=0, show_default=True)
 @TILE_OPTION
 @click.option("--json", "as_json", is_flag=True)
-def eval_cmd(inputs, model, device, limit, no_ode, n_t, rtol, atol, probes, seed, tile, as_json):
+def eval_cmd(inputs, model, device, limit, recursive, no_ode, n_t, rtol, atol, probes, seed, tile, as_json):
     """Bits/dim a model assigns: the likelihood bound and the ODE NLL (the paper's numbers).
 
-    INPUTS are image files or .npz files of uint8 images (key "images").
+    INPUTS are image files, folders of images (-r: their subfolders too) or .npz files of uint8 images
+    (key "images").
     """
+    from cli import batch
     from scoreflow_codec import api, zoo
+    from scoreflow_codec.images import IMAGE_SUFFIXES, RAW_SUFFIXES
 
-    arrays, names = api.load_eval_inputs(inputs, limit)
+    files = []
+    for i in inputs:
+        files += batch.folder_files(i, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES) if i.is_dir() else [i]
+    arrays, names = api.load_eval_inputs(files, limit)
     m = _load_model(model, device, [(a.shape[1], a.shape[0]) for a in arrays])
     rows = api.evaluate_images(arrays, m, device=device, ode=not no_ode, n_t=n_t, rtol=rtol, atol=atol, seed=seed,
                                tile=tile, probes=probes)

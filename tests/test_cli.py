@@ -838,6 +838,35 @@ def test_eval(model_a, tmp_path):
     assert bad.exit_code == EXIT["usage"] and "--probes" in bad.stderr
 
 
+def test_eval_of_folders(model_a, tmp_path):
+    """eval takes folders (0.9.32; before, "is a directory, not an image"): each one's images, sorted, hidden
+    files and other files left out, -r their subfolders' too; the same numbers as the files named one by one;
+    a folder without images: exit 2, one line."""
+    d = tmp_path / "photos"
+    (d / "sub").mkdir(parents=True)
+    for name, seed in (("b.png", 1), ("a.png", 2), (".hidden.png", 3), ("sub/c.png", 4)):
+        Image.fromarray(_smooth_rgb(16, 16, seed).astype(np.uint8)).save(d / name)
+    (d / "notes.txt").write_text("not an image")
+    common = ["--model", model_a, "--n-t", "4", "--no-ode", "--json"]
+    r = sfcodec("eval", d, *common)
+    assert_ok(r)
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["image"] for row in rows] == ["a.png", "b.png"]
+    named = json.loads(sfcodec("eval", d / "a.png", d / "b.png", *common).stdout)["rows"]
+    assert [row["bound_bpd"] for row in rows] == [row["bound_bpd"] for row in named]
+    rec = json.loads(sfcodec("eval", d, "-r", *common).stdout)["rows"]
+    assert [row["image"] for row in rec] == ["a.png", "b.png", "c.png"]
+    assert [row["image"] for row in json.loads(sfcodec("eval", d, "-r", "--limit", "1", *common).stdout)["rows"]] == ["a.png"]
+    r = sfcodec("eval", d / "sub", d, *common[:-1])  # a folder, then another
+    assert_ok(r)
+    assert [line.split()[0] for line in r.stdout.splitlines()[1:4]] == ["c.png", "a.png", "b.png"]
+    empty = tmp_path / "empty"
+    (empty / "deeper").mkdir(parents=True)
+    r = sfcodec("eval", empty, *common)
+    assert r.exit_code == EXIT["usage"] and "empty: no image files in the folder (-r: its subfolders too)" in r.stderr
+    assert "Traceback" not in r.output
+
+
 # --- bad input: one line, the documented exit code, nothing written ---------------------------
 def test_usage_errors(tmp_path, image):
     src = image("rgb_1x1")
