@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from scoreflow_codec.images import folder_files
+
 REPO = Path(__file__).resolve().parents[1]
 NAMED = {
     "cifar10": "cifar10/test.npz",
@@ -21,7 +23,7 @@ NAMED = {
     "kodak": "kodak",
     "misc": "misc",
 }
-IMAGE_SUFFIXES = {".png", ".tif", ".tiff", ".bmp", ".ppm", ".pgm", ".pnm", ".webp"}
+IMAGE_SUFFIXES = frozenset({".png", ".tif", ".tiff", ".bmp", ".ppm", ".pgm", ".pnm", ".webp"})  # lossless files
 _MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 
 
@@ -87,7 +89,7 @@ def load_npz(path: str | Path, limit: int | None = None) -> ImageSet:
 
 def load_folder(path: str | Path, limit: int | None = None) -> ImageSet:
     path = Path(path)
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = folder_files(path, False, IMAGE_SUFFIXES)  # hidden ones (a Mac's ._ copies) left out
     images, names, notes = [], [], []
     for f in files:
         if limit is not None and len(images) >= limit:

@@ -16,7 +16,6 @@ overwrite the first.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,7 +80,7 @@ def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], 
             files.append(i)
             names.append(out_dir / (i.stem + sfx(i)))
             continue
-        for f in folder_files(i, recursive, kinds, what, raw, quiet):
+        for f in folder_inputs(i, recursive, kinds, what, raw, quiet):
             rel = f.relative_to(i)
             files.append(f)
             names.append(out_dir / rel.parent / (f.stem + sfx(f)))
@@ -95,13 +94,15 @@ def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], 
     return files, names
 
 
-def folder_files(top: Path, recursive: bool, kinds: frozenset[str], what: str, raw: frozenset[str] = frozenset(),
+def folder_inputs(top: Path, recursive: bool, kinds: frozenset[str], what: str, raw: frozenset[str] = frozenset(),
                  quiet: bool = False) -> list[Path]:
     """The files of the folder top (its subfolders' too where recursive) whose suffix is in kinds, sorted;
     UsageError where there is none. Camera raw files (suffix in raw) are left out, one warning line
     counting them unless quiet."""
-    found = _folder(top, recursive, kinds)
-    raws = len(_folder(top, recursive, raw)) if raw else 0
+    from scoreflow_codec import images
+
+    found = images.folder_files(top, recursive, kinds)
+    raws = len(images.folder_files(top, recursive, raw)) if raw else 0
     left = (f"{raws} camera raw file(s), which sfcodec does not read: develop them into 16-bit TIFFs or PNGs "
             "first") if raws else ""
     if not found:
@@ -110,17 +111,6 @@ def folder_files(top: Path, recursive: bool, kinds: frozenset[str], what: str, r
     if left and not quiet:
         click.echo(f"sfcodec: warning: {top}: {left}; left out", err=True)
     return found
-
-
-def _folder(top: Path, recursive: bool, kinds: frozenset[str]) -> list[Path]:
-    """The files in top (and below it where recursive) whose suffix is in kinds, sorted; names starting
-    with a dot (hidden files, sfcodec's own temporary files) and symbolic links to folders skipped."""
-    found = []
-    for here, dirs, names in os.walk(top):  # does not follow links to folders
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
-        found += [Path(here) / n for n in names if not n.startswith(".") and Path(n).suffix.lower() in kinds
-                  and (Path(here) / n).is_file()]
-    return sorted(found)
 
 
 def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:

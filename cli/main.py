@@ -778,7 +778,7 @@ def eval_cmd(inputs, model, device, limit, recursive, no_ode, n_t, rtol, atol, p
 
     files = []
     for i in inputs:
-        files += batch.folder_files(i, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES) if i.is_dir() else [i]
+        files += batch.folder_inputs(i, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES) if i.is_dir() else [i]
     arrays, names = api.load_eval_inputs(files, limit)
     m = _load_model(model, device, [(a.shape[1], a.shape[0]) for a in arrays])
     rows = api.evaluate_images(arrays, m, device=device, ode=not no_ode, n_t=n_t, rtol=rtol, atol=atol, seed=seed,

@@ -52,6 +52,18 @@ RAW_SUFFIXES = frozenset({".dng", ".cr2", ".cr3", ".crw", ".nef", ".nrw", ".arw"
 _RAW_ADVICE = "develop it into a 16-bit TIFF or PNG first (sfcodec keeps every bit of those)"
 
 
+def folder_files(top: Path, recursive: bool, kinds: frozenset[str] = IMAGE_SUFFIXES) -> list[Path]:
+    """The files in the folder top (and below it where recursive) whose suffix is in kinds, sorted; names
+    starting with a dot skipped, files and folders (hidden files, a Mac's "._" copies of each image, which
+    are not images, .git, sfcodec's own temporary files), and symbolic links to folders not followed."""
+    found = []
+    for here, dirs, names in os.walk(top):  # does not follow links to folders
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
+        found += [Path(here) / n for n in names if not n.startswith(".") and Path(n).suffix.lower() in kinds
+                  and (Path(here) / n).is_file()]
+    return sorted(found)
+
+
 @dataclass
 class SourceImage:
     """An image as the codec sees it."""

@@ -100,6 +100,7 @@ def test_load_folder(tmp_path):
     Image.fromarray(_image(3)).convert("P").save(tmp_path / "d.png")
     Image.fromarray(np.full((4, 4), 1000, np.uint16)).save(tmp_path / "e.png")  # 16-bit
     (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "._a.png").write_bytes(b"\x00\x05\x16\x07" + bytes(60))  # a Mac's AppleDouble copy: hidden
     s = datasets.load(str(tmp_path))
     assert s.names == ["a.png", "b.tiff", "c.png", "d.png"]
     assert [im.shape[2] for im in s.images] == [3, 1, 4, 3]

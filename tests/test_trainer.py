@@ -92,7 +92,11 @@ def test_folder_data_random_crops_and_scales(tmp_path):
     rng = np.random.default_rng(0)
     for i, (h, w) in enumerate([(80, 120), (64, 64), (100, 70)]):
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
-    imgs = load_images(tmp_path)
+    (tmp_path / "._0.png").write_bytes(b"\x00\x05\x16\x07" + bytes(60))  # a Mac's AppleDouble copy, not an image
+    (tmp_path / ".git").mkdir()
+    Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / ".git" / "x.png")
+    imgs = load_images(tmp_path)  # hidden files and folders left out (before 0.9.32 "._0.png" stopped the run)
+    assert [im.shape[:2] for im in imgs] == [(80, 120), (64, 64), (100, 70)]
     s = CropSampler(imgs, 32, flip=True, min_scale=0.5, seed=1)
     b = s.sample(16)
     assert b.shape == (16, 3, 32, 32) and b.dtype == torch.uint8

@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from scoreflow_codec.images import IMAGE_SUFFIXES
+from scoreflow_codec.images import folder_files
 
 
 def load_images(path: str | Path) -> list[np.ndarray]:
     """uint8 [H, W, 3] arrays from an .npz (key "images") or every image in a folder (recursive; the
-    suffixes of images.IMAGE_SUFFIXES), each as the codec's model codes it (codec_pixels)."""
+    suffixes of images.IMAGE_SUFFIXES, hidden ones not: images.folder_files), each as the codec's model
+    codes it (codec_pixels)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"training data not found: {p}")
@@ -27,7 +28,7 @@ def load_images(path: str | Path) -> list[np.ndarray]:
         if a.dtype != np.uint8 or a.ndim != 4:
             raise ValueError(f"{p}: 'images' must be uint8 [N, H, W, C]")
         return list(a[..., :3]) if a.shape[-1] >= 3 else [np.repeat(x, 3, -1) for x in a]
-    files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+    files = folder_files(p, recursive=True)  # hidden files and folders left out, as sfcodec -d -r does
     if not files:
         raise ValueError(f"{p}: no images found")
     return [codec_pixels(f) for f in files]
