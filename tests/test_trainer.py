@@ -78,6 +78,27 @@ def test_variational_second_stage_and_export(cifar_small, tmp_path):
     loaded = load_model_file(tmp_path / "p.safetensors")
     assert (loaded.name, loaded.tile, loaded.chain_steps) == ("mine", 64, 96)
 
+    # the commands never replace a file unasked (0.9.32: `export -o photo.png` overwrote the photo)
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(photo)
+    before = photo.read_bytes()
+    (tmp_path / "folder").mkdir()
+    for cmd in (["export", str(tmp_path / "s2"), "--calib-images", "0"], ["plot", str(tmp_path / "s1")]):
+        for out, words in ((photo, " exists (--force overwrites it)"),
+                           (tmp_path / "folder", ": is a folder (-o takes a file name)")):
+            r = CliRunner().invoke(main, cmd + ["-o", str(out)])
+            assert r.exit_code == 2 and r.stderr == f"trainer: error: {out}{words}\n", r.output
+        assert photo.read_bytes() == before and list((tmp_path / "folder").iterdir()) == []
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "s2"), "--calib-images", "0", "-o", str(photo), "--force"])
+    assert r.exit_code == 0 and load_model_file(photo).config["info"]["step"] == 4
+    r = CliRunner().invoke(main, ["plot", str(tmp_path / "s1"), "-o", str(tmp_path / "curve"), "--force"])
+    assert r.exit_code == 0 and Image.open(tmp_path / "curve").format == "PNG"  # the name as given
+    assert not (tmp_path / "curve.png").exists() and not list(tmp_path.glob(".curve*"))
+
 
 def test_checkpoint_shards_stay_under_the_limit(tmp_path):
     tensors = {f"w{i}": torch.zeros(3 * 1024 * 1024 // 4 * 2) for i in range(6)}  # 6 x 6 MiB

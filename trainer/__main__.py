@@ -38,6 +38,15 @@ def _input_errors():
         sys.exit(2)
 
 
+def _new_output(path: Path, force: bool) -> None:
+    """ValueError (one line, exit 2) where -o names a folder, or a file that exists and --force is not given:
+    an export or a plot never replaces a file of the user's (an image given by mistake) unasked."""
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder (-o takes a file name)")
+    if path.exists() and not force:
+        raise ValueError(f"{path} exists (--force overwrites it)")
+
+
 @click.group(help=__doc__)
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -123,11 +132,13 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
               help="The tile size the codec uses with it unless told otherwise (default: 32; photos: 64).")
 @click.option("--chain-steps", type=click.IntRange(*STEPS_RANGE), default=None,
               help="The chain mode's steps with it unless told otherwise (default: the codec's 128).")
-def export(run, output, fp16, name, calib_images, tile, chain_steps):
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+def export(run, output, fp16, name, calib_images, tile, chain_steps, force):
     """Export a run's EMA model for the codec (one .safetensors with its config)."""
     from .train import export as do_export
 
     with _input_errors():
+        _new_output(output, force)
         sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images,
                         tile=tile, chain_steps=chain_steps)
     click.echo(f"{output}: sha256 {sha}")
@@ -205,11 +216,13 @@ def device_unpack(returned, run_dir):
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="PNG to write.")
 @click.option("--title", default="")
-def plot(runs, output, title):
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+def plot(runs, output, title, force):
     """Plot the training curve(s) of one or more runs (in order) to a PNG."""
     from .report import plot_curve
 
     with _input_errors():
+        _new_output(output, force)
         plot_curve(list(runs), output, title)
     click.echo(str(output))
 

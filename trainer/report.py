@@ -1,8 +1,11 @@
 """The training curve of a run as a PNG (for model cards)."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+
+from scoreflow_codec.fileio import atomic_write
 
 
 def read_metrics(run: str | Path) -> list[dict]:
@@ -50,5 +53,7 @@ def plot_curve(runs: list[str | Path], out: str | Path, title: str = "") -> None
     hi = max([l.get_ydata().max() for l in ax.lines] + [lo])
     ax.set_ylim(max(0, lo - 0.2), min(lo + 3, hi + 0.2))  # a from-scratch run's early steps cut off
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=120, format="png")
     plt.close(fig)
+    atomic_write(out, png.getvalue())  # the name as given (savefig adds ".png" to a name without a suffix)
