@@ -590,12 +590,18 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True,
               help="Print the whole header as JSON (of several files: a list of {\"file\", \"header\"}).")
-def info(inputs, as_json):
-    """Show what .sfc files hold (without decoding them). Of several files, one that cannot be read is an
-    error line and the others are shown; the exit code is then the first such file's."""
+@click.option("-r", "--recursive", is_flag=True, help="A folder's subfolders' .sfc files too.")
+def info(inputs, as_json, recursive):
+    """Show what .sfc files hold (without decoding them); a folder stands for its .sfc files (--json: a
+    list, as of several files). Of several files, one that cannot be read is an error line and the others
+    are shown; the exit code is then the first such file's."""
+    from cli import batch
     from scoreflow_codec import api
 
-    if len(inputs) == 1:
+    one = len(inputs) == 1 and not inputs[0].is_dir()  # a folder's files are listed, however many
+    inputs = [f for i in inputs for f in (batch.folder_inputs(i, recursive, frozenset({".sfc"}), ".sfc files")
+                                          if i.is_dir() else [i])]
+    if one:
         data = _read_sfc(inputs[0])
         h = api.read_header(data)
         if as_json:
@@ -603,15 +609,13 @@ def info(inputs, as_json):
         else:
             _show_info(inputs[0], data, h)
         return
-    from cli.batch import error_line
-
     code, listed, shown = 0, [], 0
     for input in inputs:
         try:
             data = _read_sfc(input)
             h = api.read_header(data)
         except SfcError as e:
-            click.echo(error_line(input, e), err=True)
+            click.echo(batch.error_line(input, e), err=True)
             code = code or e.exit_code
             continue
         if as_json:

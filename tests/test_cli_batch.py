@@ -405,6 +405,21 @@ def test_info_of_several_files(photos, tmp_path):
     listed = json.loads(r.stdout)
     assert r.exit_code == 0 and [x["file"] for x in listed] == [str(d / "a.sfc"), str(d / "b.sfc")]
     assert listed[0]["header"] == json.loads(sfcodec("info", d / "a.sfc", "--json").stdout)
+    # a folder stands for its .sfc files (0.9.32; before: "is a directory"), -r its subfolders' too; --json a list
+    (d / "sub").mkdir()
+    (d / "a.sfc").rename(d / "sub" / "a.sfc")
+    (d / ".hidden.sfc").write_bytes(b"junk")
+    (d / "notes.txt").write_text("not a .sfc")
+    r = sfcodec("info", d)
+    assert r.exit_code == 0 and r.stdout.count("file:      ") == 2 and r.stdout.startswith(f"file:      {d / 'b.sfc'}")
+    for args, names in (([d], ["b.sfc", "c.sfc"]), ([d, "-r"], ["b.sfc", "c.sfc", "sub/a.sfc"]),
+                        ([d / "sub"], ["sub/a.sfc"])):
+        r = sfcodec("info", *args, "--json")
+        assert r.exit_code == 0 and [x["file"] for x in json.loads(r.stdout)] == [str(d / n) for n in names], r.output
+    (tmp_path / "none").mkdir()
+    r = sfcodec("info", tmp_path / "none")
+    assert r.exit_code == EXIT["usage"] and lines(r) == [f"sfcodec: error: {tmp_path / 'none'}: no .sfc files in the "
+                                                         "folder (-r: its subfolders too)"]
 
 
 def test_a_16_bit_tiff_output_keeps_the_exif_and_xmp(tmp_path):
