@@ -57,6 +57,15 @@ def test_resume_restores_state(cifar_small, tmp_path):
     # Adam's step counters continued from 6 (restored), not restarted
     assert all(v["step"] == 9 for v in s2["optimizer"]["state"].values())
     assert s2["elapsed"] >= state["elapsed"]
+    # another model on resuming: one line, the checkpoint untouched (before 0.9.32: a traceback of size
+    # mismatches for --preset, and for --sde the weights went on under another SDE without a word)
+    for change, words in (({"preset": "cpu"}, "--preset tiny, not cpu"), ({"sde": "ve"}, "--sde vp, not ve"),
+                          ({"dequant": "variational", "preset": "cpu"}, "--preset tiny, not cpu; --dequant uniform, "
+                                                                       "not variational")):
+        with pytest.raises(ValueError, match=f"^{out} was trained with {words}: a run keeps its model"):
+            train(_cfg(cifar_small, steps=12, **change), out, progress=False)
+    assert ckpt.load_checkpoint(out / "checkpoint")[1]["step"] == 9
+    assert train(_cfg(cifar_small, steps=10, dropout=0.1), out, progress=False)["step"] == 10  # dropout may change
 
 
 def test_variational_second_stage_and_export(cifar_small, tmp_path):

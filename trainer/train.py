@@ -65,6 +65,20 @@ def build(cfg: TrainConfig) -> tuple[ScoreModel, nn.Module, dict]:
     return model, dequant, model_config(model, dequant, cfg.preset)
 
 
+# the options that make the networks: a resumed run keeps them (its checkpoint's weights fit no other)
+MODEL_OPTIONS = ("preset", "sde", "dequant")
+
+
+def _same_model(out: Path, saved: dict, cfg: TrainConfig) -> None:
+    """ValueError (one line) where a resumed run is given another model than its checkpoint's (--preset,
+    --sde, --dequant): before 0.9.32 a traceback of size mismatches, or a model of another SDE silently."""
+    changed = [f"--{k} {saved[k]}, not {getattr(cfg, k)}" for k in MODEL_OPTIONS
+               if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        raise ValueError(f"{out} was trained with {'; '.join(changed)}: a run keeps its model (a new --out "
+                         f"starts another)")
+
+
 def _dist_info() -> tuple[int, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -159,6 +173,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     step, elapsed_total, images_seen = 0, 0.0, 0
     if resume and (ck / "state.json").exists():
         tensors, state = ckpt.load_checkpoint(ck, dev)
+        _same_model(out, state.get("config") or {}, cfg)
         model.load_state_dict({k[len("net.model."):]: v for k, v in tensors.items() if k.startswith("net.model.")})
         dequant.load_state_dict({k[len("net.dequant."):]: v for k, v in tensors.items() if k.startswith("net.dequant.")})
         ema_model.load_state_dict({k[len("ema.model."):]: v for k, v in tensors.items() if k.startswith("ema.model.")})
