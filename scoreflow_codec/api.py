@@ -1122,7 +1122,9 @@ def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceIm
 
 # --- evaluation: the model's bits/dim (bound, ODE NLL) on images -------------------------------
 def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray], list[str]]:
-    """Image files and/or .npz files (key "images", uint8 [N, H, W, C]) -> arrays, names."""
+    """Image files and/or .npz files (key "images", uint8 [N, H, W, C]) -> arrays, names. A palette or
+    1-bit image is its RGB picture (before 0.9.32 a palette image was evaluated as its index plane, as if
+    grey, and a 1-bit image was refused with "got bool")."""
     from pathlib import Path
 
     arrays, names = [], []
@@ -1142,7 +1144,10 @@ def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray],
             src = imgs.load_image(p)
             if src.deep:
                 raise imgs.UnsupportedImageError(f"{p}: a 16-bit image; the model's bits/dim are for 8-bit images")
-            arrays.append(np.asarray(imgs.to_pil(src)))
+            im = imgs.to_pil(src)
+            if im.mode in ("P", "PA", "1"):  # the picture, as the trainer gives it (not the index plane or bools)
+                im = im.convert("RGB")
+            arrays.append(np.asarray(im))
             names.append(p.name)
         if limit is not None and len(arrays) >= limit:
             break

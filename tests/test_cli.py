@@ -838,6 +838,28 @@ def test_eval(model_a, tmp_path):
     assert bad.exit_code == EXIT["usage"] and "--probes" in bad.stderr
 
 
+def test_eval_sees_the_picture_of_palette_and_1_bit_images(tmp_path):
+    """load_eval_inputs: a palette image (with and without transparency) and a 1-bit one as their RGB
+    pictures, what the trainer trains on; grey and RGB(A) as they are."""
+    from scoreflow_codec import api
+
+    rgb = _smooth_rgb(12, 10, 5)
+    im = Image.fromarray(rgb)
+    cases = {"p.png": im.quantize(16), "pa.png": im.quantize(16), "bw.png": im.convert("1"),
+             "g.png": im.convert("L"), "rgba.png": im.convert("RGBA")}
+    cases["pa.png"].info["transparency"] = 3
+    for name, pic in cases.items():
+        pic.save(tmp_path / name)
+    arrays, names = api.load_eval_inputs([tmp_path / n for n in cases])
+    assert names == list(cases)
+    for name, a in zip(names, arrays):
+        with Image.open(tmp_path / name) as back:
+            want = back.convert("RGB") if back.mode in ("P", "1") else back
+            assert a.dtype == np.uint8 and np.array_equal(a, np.asarray(want)), name
+    assert arrays[0].shape == (12, 10, 3) and arrays[2].shape == (12, 10, 3) and len(np.unique(arrays[2])) == 2
+    assert api.image_tiles(arrays[2], 8).shape == (4, 3, 8, 8)  # a 1-bit image reaches the model
+
+
 def test_eval_of_folders(model_a, tmp_path):
     """eval takes folders (0.9.32; before, "is a directory, not an image"): each one's images, sorted, hidden
     files and other files left out, -r their subfolders' too; the same numbers as the files named one by one;
