@@ -845,16 +845,18 @@ def test_eval_sees_the_picture_of_palette_and_1_bit_images(tmp_path):
 
     rgb = _smooth_rgb(12, 10, 5)
     im = Image.fromarray(rgb)
-    cases = {"p.png": im.quantize(16), "pa.png": im.quantize(16), "bw.png": im.convert("1"),
+    pa = im.quantize(16).convert("PA")  # a palette with an alpha plane: a TIFF holds it
+    pa.putalpha(Image.fromarray(np.arange(120, dtype=np.uint8).reshape(12, 10)))
+    cases = {"p.png": im.quantize(16), "pa.tif": pa, "bw.png": im.convert("1"),
              "g.png": im.convert("L"), "rgba.png": im.convert("RGBA")}
-    cases["pa.png"].info["transparency"] = 3
     for name, pic in cases.items():
         pic.save(tmp_path / name)
+    assert [Image.open(tmp_path / n).mode for n in cases] == ["P", "PA", "1", "L", "RGBA"]
     arrays, names = api.load_eval_inputs([tmp_path / n for n in cases])
     assert names == list(cases)
     for name, a in zip(names, arrays):
         with Image.open(tmp_path / name) as back:
-            want = back.convert("RGB") if back.mode in ("P", "1") else back
+            want = back.convert("RGB") if back.mode in ("P", "PA", "1") else back
             assert a.dtype == np.uint8 and np.array_equal(a, np.asarray(want)), name
     assert arrays[0].shape == (12, 10, 3) and arrays[2].shape == (12, 10, 3) and len(np.unique(arrays[2])) == 2
     assert api.image_tiles(arrays[2], 8).shape == (4, 3, 8, 8)  # a 1-bit image reaches the model
