@@ -253,12 +253,30 @@ def test_cli_input_errors_are_one_line(tmp_path):
              (["plot", str(empty), "-o", str(tmp_path / "c.png")], "not a run directory"),
              (["train", "--out", str(tmp_path / "r"), "--data", str(tmp_path / "missing.npz"), "--preset", "tiny",
                "--steps", "1", "--no-progress"], "missing.npz")]
+    # an .npz without an "images" array (a KeyError's traceback before 0.9.32), a file that is not one (numpy's
+    # words about pickles), one cut short
+    np.savez(tmp_path / "other.npz", x=np.zeros((2, 8, 8, 3), np.uint8))
+    (tmp_path / "text.npz").write_text("hello")
+    np.savez(tmp_path / "whole.npz", images=np.zeros((20, 8, 8, 3), np.uint8))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "whole.npz").read_bytes()[:300])
+    for name, words in (("other.npz", "other.npz: no 'images' array in the .npz (it holds: x)"),
+                        ("text.npz", "text.npz: not an .npz file"), ("cut.npz", "cut.npz: not")):
+        cases.append((["train", "--out", str(tmp_path / "r"), "--data", str(tmp_path / name), "--preset", "tiny",
+                       "--steps", "1", "--no-progress"], words))
     for args, words in cases:
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 2, (args, r.output)
         assert "trainer: error:" in r.stderr and words in r.stderr, r.stderr
         assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
     assert not (tmp_path / "m.safetensors").exists() and not (tmp_path / "c.png").exists()
+    # numbers out of range are click's usage errors (--batch 0 trained with batches of 1, --log-every 0
+    # divided by zero, --eval-images 0 stopped on "need at least one array to stack")
+    for opt, value in (("--batch", "0"), ("--log-every", "0"), ("--eval-images", "0"), ("--eval-n-t", "0"),
+                       ("--lr", "0"), ("--min-scale", "0"), ("--min-scale", "1.5"), ("--steps", "-1"), ("--ema", "1")):
+        r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "r"), "--data", str(tmp_path / "whole.npz"),
+                                      opt, value, "--no-progress"])
+        assert r.exit_code == 2 and f"Invalid value for '{opt}'" in r.stderr, (opt, r.output)
+    assert not (tmp_path / "r").exists()
 
 
 def test_lr_schedule_warmup_then_linear_cool_down():

@@ -148,7 +148,15 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(cfg.seed + 1000 * rank)
-    out.mkdir(parents=True, exist_ok=True)
+    # the data first: a run that cannot start leaves no run directory behind (a later command would resume
+    # its config.json)
+    train_images = load_images(cfg.data)
+    if cfg.eval_data:
+        eval_images = load_images(cfg.eval_data)
+    else:
+        eval_images, train_images = hold_out(train_images, cfg.holdout)
+    eval_x = center_crops(eval_images, cfg.crop, cfg.eval_images).to(dev)
+    train_x = center_crops(train_images, cfg.crop, cfg.eval_images).to(dev)
 
     model, dequant, mconfig = build(cfg)
     model.to(dev), dequant.to(dev)
@@ -182,17 +190,10 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         step, elapsed_total, images_seen = state["step"], state.get("elapsed", 0.0), state.get("images", 0)
         if rank == 0:
             log.info("resumed from %s at step %d", ck, step)
+    sampler = CropSampler(train_images, cfg.crop, cfg.flip, cfg.min_scale, rank, world, seed=cfg.seed + step)
+    out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         (out / "config.json").write_text(cfg.to_json())
-
-    train_images = load_images(cfg.data)
-    if cfg.eval_data:
-        eval_images = load_images(cfg.eval_data)
-    else:
-        eval_images, train_images = hold_out(train_images, cfg.holdout)
-    sampler = CropSampler(train_images, cfg.crop, cfg.flip, cfg.min_scale, rank, world, seed=cfg.seed + step)
-    eval_x = center_crops(eval_images, cfg.crop, cfg.eval_images).to(dev)
-    train_x = center_crops(train_images, cfg.crop, cfg.eval_images).to(dev)
 
     obj = objective
     if world > 1:
