@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from scoreflow_codec import images as images_module
 from scoreflow_codec.images import folder_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +101,11 @@ def load_folder(path: str | Path, limit: int | None = None) -> ImageSet:
         except DataError as e:
             notes.append(str(e))
     if not images:
+        others = folder_files(path, False, images_module.IMAGE_SUFFIXES - IMAGE_SUFFIXES)  # JPEG, GIF, TGA
+        if others:
+            kinds = sorted({f.suffix.lower() for f in others})
+            notes.append(f"{len(others)} {'/'.join(kinds)} file(s) left out: the benchmark reads lossless files "
+                         f"({', '.join(sorted(IMAGE_SUFFIXES))})")
         why = f" ({'; '.join(notes)})" if notes else ""
         raise DataError(f"{path}: no usable 8-bit images{why}")
     return ImageSet(path.name, str(path), images, names, notes)

@@ -107,6 +107,13 @@ def test_load_folder(tmp_path):
     assert np.array_equal(s.images[0], _image(3))
     assert len(s.notes) == 1 and "e.png" in s.notes[0]
     assert len(datasets.load(str(tmp_path), limit=2)) == 2
+    jpegs = tmp_path / "jpegs"  # lossy files only: the message says why none is read
+    jpegs.mkdir()
+    Image.fromarray(_image(3)).save(jpegs / "a.jpg")
+    Image.fromarray(_image(3)).save(jpegs / "b.JPEG")
+    with pytest.raises(datasets.DataError, match=r"no usable 8-bit images \(2 .jpeg/.jpg file\(s\) left out: the "
+                                                 r"benchmark reads lossless files \(.bmp, .pgm, .png"):
+        datasets.load(str(jpegs))
 
 
 def test_missing_data_is_a_clear_error(tmp_path, monkeypatch):
