@@ -758,12 +758,14 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--limit", type=int, default=None, help="Use the first N images (of an .npz, a folder, all inputs).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use the first N images (of an .npz, a folder, all inputs).")
 @click.option("-r", "--recursive", is_flag=True, help="A folder's subfolders' images too.")
 @click.option("--no-ode", is_flag=True, help="Bound only (the ODE NLL is the slow part).")
-@click.option("--n-t", type=int, default=1000, show_default=True, help="Time samples for the bound.")
-@click.option("--rtol", type=float, default=1e-5, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--n-t", type=click.IntRange(min=1), default=1000, show_default=True, help="Time samples for the bound.")
+@click.option("--rtol", type=click.FloatRange(min=0, min_open=True), default=1e-5, show_default=True,
+              help="The ODE solver's relative tolerance.")
+@click.option("--atol", type=click.FloatRange(min=0, min_open=True), default=1e-5, show_default=True,
+              help="The ODE solver's absolute tolerance.")
 @click.option("--probes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Hutchinson probes per tile for the ODE NLL: its noise falls as 1/sqrt(probes), "
                    "each probe adding one backward pass per solver step.")

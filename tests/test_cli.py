@@ -836,6 +836,10 @@ def test_eval(model_a, tmp_path):
     assert sfcodec(*one).stdout.splitlines()[-1].startswith("mean")
     bad = sfcodec(*args[:-1], "0")
     assert bad.exit_code == EXIT["usage"] and "--probes" in bad.stderr
+    # before 0.9.32 --n-t 0 was an internal error, and a negative --rtol ran and gave nonsense
+    for opt, value in (("--n-t", "0"), ("--n-t", "-3"), ("--rtol", "-1"), ("--atol", "0"), ("--limit", "0")):
+        bad = sfcodec("eval", npz, "--model", model_a, opt, value)
+        assert bad.exit_code == EXIT["usage"] and f"Invalid value for '{opt}'" in bad.stderr, (opt, bad.output)
 
 
 def test_eval_sees_the_picture_of_palette_and_1_bit_images(tmp_path):
