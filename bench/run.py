@@ -65,6 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--limit must be at least 1")
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
+    if args.eval_n_t < 1:
+        p.error("--eval-n-t must be at least 1")
+    if not args.eval_rtol > 0:
+        p.error("--eval-rtol must be above 0")
     try:
         args.classical, args.scoreflow = parse_codecs(args.codecs)
         args.sf_settings = dict(_key_value(s) for s in args.setting)
