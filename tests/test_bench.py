@@ -227,7 +227,7 @@ def test_jobs_give_the_same_files(tmp_path):
 
 def test_jobs_must_be_positive(tmp_path):
     for args, words in ((("--jobs", "0"), "--jobs must be at least 1"), (("--eval-n-t", "0"), "--eval-n-t must be at "
-                        "least 1"), (("--eval-rtol", "-1e-5"), "--eval-rtol must be above 0")):
+                        "least 1"), (("--eval-rtol=-1e-5",), "--eval-rtol must be above 0")):
         r = _run("--quick", *args, "--out", str(tmp_path))
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not list(tmp_path.iterdir())
