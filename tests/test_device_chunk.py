@@ -123,6 +123,10 @@ def test_prepare_outside_a_checkout_is_one_clear_error(tiny_data, tmp_path):
     r = subprocess.run([sys.executable, "-m", "trainer", "device-prep", "--data", str(tiny_data / "train.npz"),
                         "--repo", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not a git checkout" in r.stderr and "Traceback" not in r.stderr
+    for opt, value in (("--minutes", "0"), ("--eval-images", "0")):  # usage errors since 0.9.32
+        r = subprocess.run([sys.executable, "-m", "trainer", "device-prep", "--data", str(tiny_data / "train.npz"),
+                            "--repo", str(tmp_path), opt, value], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and f"Invalid value for '{opt}'" in r.stderr, r.stderr
 
 
 def test_unpack_refuses_an_incomplete_return(tmp_path):

@@ -184,8 +184,9 @@ def ship(model_file, zoo_dir, **kw):
               help="The run to continue (its checkpoint travels in the compact layout).")
 @click.option("--init-from", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Or a model file to start a new run from.")
-@click.option("--minutes", type=float, default=7.0, show_default=True, help="Training time of the chunk.")
-@click.option("--eval-images", type=int, default=128, show_default=True)
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=7.0, show_default=True,
+              help="Training time of the chunk.")
+@click.option("--eval-images", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--train-args", default="", help='More trainer options, e.g. "--preset small --batch 128".')
 @click.option("--data-seed", type=int, default=0, show_default=True,
               help="Which random part of the training images goes where not all fit (another per chunk).")
