@@ -66,6 +66,13 @@ def test_resume_restores_state(cifar_small, tmp_path):
             train(_cfg(cifar_small, steps=12, **change), out, progress=False)
     assert ckpt.load_checkpoint(out / "checkpoint")[1]["step"] == 9
     assert train(_cfg(cifar_small, steps=10, dropout=0.1), out, progress=False)["step"] == 10  # dropout may change
+    # --init-from a run or a model file of another preset: one line naming both presets, no run directory made
+    export(out, tmp_path / "tiny.safetensors", calib_images=0)
+    for src in (out, tmp_path / "tiny.safetensors"):
+        with pytest.raises(ValueError, match=f"^--init-from {src}: its model does not match preset 'cpu' "
+                                             r"\(it is preset 'tiny'\)$"):
+            train(_cfg(cifar_small, steps=1, preset="cpu", init_from=str(src)), tmp_path / "other", progress=False)
+    assert not (tmp_path / "other").exists()
 
 
 def test_variational_second_stage_and_export(cifar_small, tmp_path):

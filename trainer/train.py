@@ -120,17 +120,19 @@ def _init_from(cfg: TrainConfig, model: ScoreModel, dequant: nn.Module, dev: tor
         weights, deq = lm.model.state_dict(), lm.dequantizer.state_dict()
         if lm.config["dequant"].get("kind") != dequant.config.kind:
             deq = None
+        theirs = lm.config.get("preset")
     else:
-        tensors, _ = ckpt.load_checkpoint(src / "checkpoint", dev)
+        tensors, state = ckpt.load_checkpoint(src / "checkpoint", dev)
         weights = {k[len("ema.model."):]: v for k, v in tensors.items() if k.startswith("ema.model.")}
         deq = None
+        theirs = (state.get("config") or {}).get("preset")
     try:
         model.load_state_dict(weights)
         if deq is not None:
             dequant.load_state_dict(deq)
     except RuntimeError as e:
-        raise ValueError(f"--init-from {src}: its model does not match preset {cfg.preset!r} "
-                         f"({str(e).splitlines()[0]})") from None
+        why = f"it is preset {theirs!r}" if theirs and theirs != cfg.preset else str(e).splitlines()[0]
+        raise ValueError(f"--init-from {src}: its model does not match preset {cfg.preset!r} ({why})") from None
 
 
 def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: bool = True,
