@@ -178,6 +178,9 @@ def _coded_by(rep) -> str:
                 f"{sv.needed:.0f} its stream adds (--fallback both codes it anyway)")
     if rep.model_skipped == "seed only":
         return "seed codec alone (--fallback seed)"
+    if rep.model_skipped == "grey":
+        return "seed codec alone; the model's stream was not coded: grey images, which the model codes as colour " \
+               "images whose colour is latent, at a loss (--fallback both codes it anyway)"
     if rep.model_skipped == "no colour planes":
         return "seed codec alone; the model's stream was not coded: no image has colour planes for the model " \
                "(palette index planes go through the seed codec either way)"

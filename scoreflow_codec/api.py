@@ -133,7 +133,8 @@ class CompressReport:
     # expected to code more cheaply save too little), "sample" (the same, extrapolated from a sample of
     # tiles of a large photograph, sample_saving, even at SAMPLE_Z standard errors above), "screen" (the
     # same from a quicker look at fewer tiles, screen_saving: photographs, streams), "no colour planes" (only palette index planes,
-    # which the seed codec codes either way), "seed only" (fallback "seed": not asked for)
+    # which the seed codec codes either way), "grey" (fallback "auto", every image grey: compress),
+    # "seed only" (fallback "seed": not asked for)
     model_skipped: str | None = None
     model_saving: "Saving | None" = None  # fallback "auto", seed tiles in the image's context: what decided
     metadata_bytes: int = 0  # the images' metadata section with its length and CRC (file_bytes counts it)
@@ -412,6 +413,15 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         skipped = "seed only"
     elif fallback != "off" and all(s.color is None for s in sources):
         skipped = "no colour planes"
+    elif fallback == "auto" and all(s.color is None or s.color.shape[0] == 1 for s in sources):
+        # grey images: the model codes an RGB tile whose colour is latent (popped, given back), and no
+        # estimate covers that (tile_model_bits: NaN), so before 0.9.32 "auto" coded both, and the model's
+        # stream always lost (the 2-core Intel Xeon, --fallback both: kodim05 in grey, 768x512, 6.137
+        # against the seed codec's 4.515 bits/dim, 321 s instead of about 20; the 256x256 centres of
+        # kodim01, 14, 23 in grey +13%, +11%, +4%; the first 16 CIFAR-10 test images in grey as one stream
+        # with `cifar10`, 6.448 against 5.368): "auto" writes the seed codec's file. (A set that mixes grey
+        # and colour images still codes both.)
+        skipped = "grey"
     elif estimate is not None and estimate.mean > threshold:
         skipped = "estimate"
     elif ss.seed_tiles == "chosen":

@@ -463,12 +463,27 @@ def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
 
 
 def test_auto_codes_both_where_it_cannot_estimate(model):
-    """A grey image has no RGB planes to take the bound of: "auto" codes both, like "both"."""
-    srcs = [images.from_array(_gradient()[..., 0])]
+    """A grey image beside a colour one: the grey one has no RGB planes to take the bound of, so "auto"
+    codes both, like "both". Grey images alone (0.9.32): the seed codec's file, the model's stream not
+    coded (it always lost on them: compress's note), the same bytes "both" keeps; "both" and "off" still
+    code it."""
+    grey = images.from_array(_gradient()[..., 0])
+    srcs = [grey, images.from_array(_gradient(9, 7))]
     for ss in (None, _tile_context(model)):
         _, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto", stream_settings=ss)
-        assert rep.model_estimate_bpd is None and rep.model_saving is None
+        assert rep.model_estimate_bpd is None and rep.model_saving is None and rep.model_skipped is None
         assert rep.model_bytes is not None and rep.seed_bytes is not None
+    greys = [grey, images.from_array(_gradient(20, 30)[..., 0])]
+    for ss in (None, _tile_context(model)):
+        data, rep = api.compress(greys, model, "ode", SETTINGS, fallback="auto", stream_settings=ss)
+        assert rep.model_skipped == "grey" and rep.model_bytes is None and rep.coded_by == "seed"
+        both, rep_both = api.compress(greys, model, "ode", SETTINGS, fallback="both", stream_settings=ss)
+        assert rep_both.model_bytes is not None and rep_both.model_skipped is None
+        if rep_both.coded_by == "seed":
+            assert both == data
+        api.check_identical(greys, api.decompress(data, model))
+    _, rep = api.compress(greys, model, "ode", SETTINGS, fallback="off")
+    assert rep.model_bytes is not None and rep.model_skipped is None
 
 
 def _index_palette(h=24, w=40):
@@ -616,3 +631,17 @@ def test_cli_fallback_seed_loads_neither_torch_nor_a_model(tmp_path):
     want, _ = api.compress([src], zoo.load_model("cifar10"), fallback="seed")
     assert runs[0][1] == runs[2][1] == want
     assert np.array_equal(api.decompress(want, None)[0].color, src.color)
+
+
+def test_cli_says_why_a_grey_image_has_no_model_stream(tmp_path, monkeypatch, model):
+    """0.9.32: a grey image's file is the seed codec's under the defaults, and the summary says why."""
+    from cli import main as cli_main
+    monkeypatch.setattr(cli_main, "_load_model", lambda *a, **k: model)
+    png = tmp_path / "grey.png"
+    Image.fromarray(_gradient(20, 30)[..., 0]).save(png)
+    out = tmp_path / "grey.sfc"
+    r = CliRunner().invoke(cli_main.cli, ["compress", str(png), "-o", str(out), "--steps", "32"])
+    assert r.exit_code == 0, r.output
+    assert ("the model's stream was not coded: grey images, which the model codes as colour images whose colour "
+            "is latent, at a loss (--fallback both codes it anyway)") in r.output, r.output
+    assert images.to_pil(api.decompress(out.read_bytes(), None)[0]).tobytes() == Image.open(png).tobytes()
