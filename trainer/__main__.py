@@ -78,7 +78,7 @@ def main() -> None:
 @click.option("--freeze-model", is_flag=True, default=False,
               help="Train only the dequantizer (ScoreFlow's second stage; use with --init-from).")
 @click.option("--max-minutes", type=click.FloatRange(min=0), default=None, help="Stop and checkpoint after this many minutes.")
-@click.option("--eval-every", type=click.IntRange(min=0), default=None, help="0: no evaluations.")
+@click.option("--eval-every", type=click.IntRange(min=0), default=None, help="0: at the end only.")
 @click.option("--eval-images", type=click.IntRange(min=1), default=None)
 @click.option("--eval-n-t", type=click.IntRange(min=1), default=None)
 @click.option("--save-every", type=click.IntRange(min=0), default=None, help="0: at the end only.")
