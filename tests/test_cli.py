@@ -843,7 +843,7 @@ def test_eval(model_a, tmp_path):
 
 
 def test_eval_sees_the_picture_of_palette_and_1_bit_images(tmp_path):
-    """load_eval_inputs: a palette image (with and without transparency) and a 1-bit one as their RGB
+    """load_eval_inputs: a palette image (and one with an alpha plane) and a 1-bit one as their RGB
     pictures, what the trainer trains on; grey and RGB(A) as they are."""
     from scoreflow_codec import api
 

@@ -479,6 +479,7 @@ def test_auto_codes_both_where_it_cannot_estimate(model):
         assert rep.model_skipped == "grey" and rep.model_bytes is None and rep.coded_by == "seed"
         both, rep_both = api.compress(greys, model, "ode", SETTINGS, fallback="both", stream_settings=ss)
         assert rep_both.model_bytes is not None and rep_both.model_skipped is None
+        assert rep_both.seed_bytes == rep.seed_bytes == len(data)  # the same seed codec's file
         if rep_both.coded_by == "seed":
             assert both == data
         api.check_identical(greys, api.decompress(data, model))
