@@ -975,7 +975,7 @@ def check_setup(h: dict, model, device: str) -> None:
             f"not {model.name} (sha256 {model.sha256[:12]}...); pass --model with the right one")
     setup = h["setup"]
     if setup.get("constriction", _constriction_version()) != _constriction_version():
-        log.warning("file was encoded with constriction %s, this is %s: decoding may fail its CRC check",
+        log.warning("file was encoded with constriction %r, this is %s: decoding may fail its CRC check",
                     setup.get("constriction"), _constriction_version())
     if setup.get("dtype") not in ARITHMETICS:
         raise ModelMismatchError(f"file was encoded in {setup.get('dtype')} arithmetic; this release knows "

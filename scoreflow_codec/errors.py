@@ -6,9 +6,18 @@ from __future__ import annotations
 
 
 class SfcError(Exception):
-    """Base class of every error a user can cause."""
+    """Base class of every error a user can cause. Its message is one line whatever it quotes (a .sfc
+    header's text, a file name): control characters are shown escaped, a newline as \\n (0.9.32)."""
 
     exit_code = 1
+
+    def __init__(self, *args):
+        super().__init__(*(one_line(a) if isinstance(a, str) else a for a in args))
+
+
+def one_line(text: str) -> str:
+    """text with its control characters (newlines, tabs, escape sequences ...) written as Python escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class UsageError(SfcError):

@@ -383,6 +383,31 @@ def test_random_header_values(files, model, data):
         pass
 
 
+def test_header_text_with_control_characters_stays_one_line(files, model):
+    """Every header field in turn set to a text with a newline and an escape sequence (hypothesis found
+    setup.dtype "\\n": "file was encoded in <newline> arithmetic ..."): a decode error is one line, the
+    characters shown escaped (errors.one_line, 0.9.32)."""
+    a, _, srcs = files
+    header, words = container.unpack(a)
+    nasty = "x\ny\x1b[2J\r"
+    refused = 0
+    for path in sorted(_paths(header)):
+        h = copy.deepcopy(header)
+        d = h
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = nasty
+        try:
+            api.check_identical(srcs, api.decompress(container.pack(h, words), model))
+        except SfcError as e:
+            refused += 1
+            assert str(e) and "\n" not in str(e) and "\r" not in str(e) and "\x1b" not in str(e), (path, str(e))
+    assert refused > 10
+    e = BadFileError(f"file was encoded in {nasty} arithmetic")
+    assert str(e) == "file was encoded in x\\ny\\x1b[2J\\r arithmetic" and e.exit_code == 4
+    assert str(SfcError("caf\u00e9 \u65e5\u672c\ttab")) == "caf\u00e9 \u65e5\u672c\\ttab"  # letters kept
+
+
 # --- a seed codec file in independent parts (0.9.26) ---------------------------------------------
 PARTS_AT = 1024  # stream.PART_PIXELS while these tests run: their small images make two parts
 
