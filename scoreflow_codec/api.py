@@ -32,7 +32,8 @@ from .coding.ans import Message
 from .coding.modes import ARITHMETICS, MODES, STEPS_RANGE, steps_per_batch
 from .coding import seed_codec
 from .coding.seed_codec import shared_analyses
-from .errors import BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError, UsageError
+from .errors import (BadFileError, DecodeMismatchError, ModelMismatchError, SfcError, UnsupportedVersionError,
+                     UsageError, one_line)
 from .estimate import Estimate, sequential_mean
 
 log = logging.getLogger(__name__)
@@ -975,8 +976,8 @@ def check_setup(h: dict, model, device: str) -> None:
             f"not {model.name} (sha256 {model.sha256[:12]}...); pass --model with the right one")
     setup = h["setup"]
     if setup.get("constriction", _constriction_version()) != _constriction_version():
-        log.warning("file was encoded with constriction %r, this is %s: decoding may fail its CRC check",
-                    setup.get("constriction"), _constriction_version())
+        log.warning("file was encoded with constriction %s, this is %s: decoding may fail its CRC check",
+                    one_line(str(setup.get("constriction"))), _constriction_version())  # the header's text: one line
     if setup.get("dtype") not in ARITHMETICS:
         raise ModelMismatchError(f"file was encoded in {setup.get('dtype')} arithmetic; this release knows "
                                  f"{' and '.join(ARITHMETICS)} only and cannot reproduce it")
@@ -992,7 +993,7 @@ def check_setup(h: dict, model, device: str) -> None:
 
     if setup.get("torch") != torch.__version__:
         log.warning("file was encoded with torch %s, this is %s: decoding may fail its CRC check",
-                    setup.get("torch"), torch.__version__)
+                    one_line(str(setup.get("torch"))), torch.__version__)
 
 
 def _why(h: dict) -> str:

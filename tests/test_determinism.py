@@ -285,6 +285,11 @@ def test_other_constriction_version_warns(exact_file, model, source, caplog):
         back = api.decompress(_repack(exact_file, constriction="0.4.1"), model)
     assert any("constriction 0.4.1" in r.getMessage() for r in caplog.records)
     api.check_identical([source], back)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="scoreflow_codec.api"):  # the header's text on one line
+        back = api.decompress(_repack(exact_file, constriction="0.4\n1"), model)
+    assert any("constriction 0.4\\n1, this is" in r.getMessage() for r in caplog.records)
+    api.check_identical([source], back)
 
 
 def test_other_torch_version_warns_then_checks_pixels(encoded, model, source, caplog):
