@@ -643,7 +643,7 @@ def _png_chunk_types(data: bytes, h: dict) -> dict[int, list[str]]:
         mds = metadata.unpack([m.get("kept", {}) for *_, m in api.expand_images(h)], section)
     except SfcError:
         return {}
-    return {i: list(dict.fromkeys(metadata.png_chunk_types(md["png"]))) for i, md in enumerate(mds) if "png" in md}
+    return {i: metadata.png_chunk_types(md["png"]) for i, md in enumerate(mds) if "png" in md}
 
 
 def _show_info(input: Path, data: bytes, h: dict) -> None:

@@ -393,8 +393,8 @@ def _png_blob_chunks(blob: bytes) -> list[tuple[int, bytes, bytes]]:
 
 
 def png_chunk_types(blob: bytes) -> list[str]:
-    """The types of a "png" blob's chunks, in order (BadFileError where it is damaged)."""
-    return [kind.decode("latin-1") for _, kind, _ in _png_blob_chunks(blob)]
+    """The types of a "png" blob's chunks, each once, in order (BadFileError where it is damaged)."""
+    return list(dict.fromkeys(kind.decode("latin-1") for _, kind, _ in _png_blob_chunks(blob)))
 
 
 def png_with_chunks(png: bytes, blob: bytes) -> bytes:
@@ -465,10 +465,8 @@ def save_options(md: dict, fmt: str) -> tuple[dict, list[str]]:
         return kw, dropped
     held = {"WEBP": ("icc", "exif", "xmp"), "TIFF": ("icc", "dpi", "exif", "xmp"), "BMP": ("dpi",)}.get(fmt, ())
     for name in md:
-        if name == "png" and name not in held:
-            dropped.append(f"{NAMES[name]} ({', '.join(dict.fromkeys(png_chunk_types(md['png'])))})")
-        elif name not in held:
-            dropped.append(NAMES[name])
+        if name not in held:
+            dropped.append(f"{NAMES[name]} ({', '.join(png_chunk_types(md['png']))})" if name == "png" else NAMES[name])
     for name, arg in (("icc", "icc_profile"), ("exif", "exif"), ("xmp", "xmp")):
         if name in md and name in held:
             kw[arg] = md[name]

@@ -573,6 +573,8 @@ def test_a_pngs_other_chunks_are_kept_where_they_were(tmp_path):
     assert images.encode_source(_load(rgb, tmp_path, "rgb.png"), ".png") == rgb  # Pillow's own bytes, chunks put back
     dropped = images.metadata_dropped(_load(rgb, tmp_path, "rgb.png").metadata, ".tif")
     assert "PNG chunks (sBIT, tIME, bKGD, prVt)" in dropped
+    two = b"".join(bytes([0]) + _chunk(b"sPLT", b"p\0" + bytes([8]) + bytes(6 * k)) for k in (1, 2))
+    assert md.png_chunk_types(two + bytes([2]) + _chunk(*TIME)) == ["sPLT", "tIME"]  # each type once
     # a resolution in pHYs is read as such (dpi), not kept as a chunk
     src = _load(_png(icc=False, exif=False, xmp=False, text=False, colour=False), tmp_path)
     assert "png" not in src.metadata and src.metadata["dpi"]
