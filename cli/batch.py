@@ -94,6 +94,12 @@ def plan(inputs, out_dir: Path, suffix, recursive: bool, kinds: frozenset[str], 
     return files, names
 
 
+def expand(inputs, recursive: bool, kinds: frozenset[str], what: str, raw: frozenset[str] = frozenset()) -> list[Path]:
+    """The inputs in order, each folder among them replaced by its files (folder_inputs): eval's and info's
+    inputs, which name files and folders alike."""
+    return [f for i in map(Path, inputs) for f in (folder_inputs(i, recursive, kinds, what, raw) if i.is_dir() else [i])]
+
+
 def folder_inputs(top: Path, recursive: bool, kinds: frozenset[str], what: str, raw: frozenset[str] = frozenset(),
                  quiet: bool = False) -> list[Path]:
     """The files of the folder top (its subfolders' too where recursive) whose suffix is in kinds, sorted;

@@ -602,8 +602,7 @@ def info(inputs, as_json, recursive):
     from scoreflow_codec import api
 
     one = len(inputs) == 1 and not inputs[0].is_dir()  # a folder's files are listed, however many
-    inputs = [f for i in inputs for f in (batch.folder_inputs(i, recursive, frozenset({".sfc"}), ".sfc files")
-                                          if i.is_dir() else [i])]
+    inputs = batch.expand(inputs, recursive, frozenset({".sfc"}), ".sfc files")
     if one:
         data = _read_sfc(inputs[0])
         h = api.read_header(data)
@@ -785,10 +784,8 @@ def eval_cmd(inputs, model, device, limit, recursive, no_ode, n_t, rtol, atol, p
     from scoreflow_codec import api, zoo
     from scoreflow_codec.images import IMAGE_SUFFIXES, RAW_SUFFIXES
 
-    files = []
-    for i in inputs:
-        files += batch.folder_inputs(i, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES) if i.is_dir() else [i]
-    arrays, names = api.load_eval_inputs(files, limit)
+    arrays, names = api.load_eval_inputs(batch.expand(inputs, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES),
+                                         limit)
     m = _load_model(model, device, [(a.shape[1], a.shape[0]) for a in arrays])
     rows = api.evaluate_images(arrays, m, device=device, ode=not no_ode, n_t=n_t, rtol=rtol, atol=atol, seed=seed,
                                tile=tile, probes=probes)
