@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from scoreflow_codec import images as images_module
-from scoreflow_codec.images import folder_files
+from scoreflow_codec import images as sfc_images
 
 REPO = Path(__file__).resolve().parents[1]
 NAMED = {
@@ -90,7 +89,7 @@ def load_npz(path: str | Path, limit: int | None = None) -> ImageSet:
 
 def load_folder(path: str | Path, limit: int | None = None) -> ImageSet:
     path = Path(path)
-    files = folder_files(path, False, IMAGE_SUFFIXES)  # hidden ones (a Mac's ._ copies) left out
+    files = sfc_images.folder_files(path, False, IMAGE_SUFFIXES)  # hidden ones (a Mac's ._ copies) left out
     images, names, notes = [], [], []
     for f in files:
         if limit is not None and len(images) >= limit:
@@ -101,7 +100,7 @@ def load_folder(path: str | Path, limit: int | None = None) -> ImageSet:
         except DataError as e:
             notes.append(str(e))
     if not images:
-        others = folder_files(path, False, images_module.IMAGE_SUFFIXES - IMAGE_SUFFIXES)  # JPEG, GIF, TGA
+        others = sfc_images.folder_files(path, False, sfc_images.IMAGE_SUFFIXES - IMAGE_SUFFIXES)  # JPEG, GIF, TGA
         if others:
             kinds = sorted({f.suffix.lower() for f in others})
             notes.append(f"{len(others)} {'/'.join(kinds)} file(s) left out: the benchmark reads lossless files "
