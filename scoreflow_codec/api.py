@@ -420,8 +420,8 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         # stream always lost (the 2-core Intel Xeon, --fallback both: kodim05 in grey, 768x512, 6.137
         # against the seed codec's 4.515 bits/dim, 321 s instead of about 20; the 256x256 centres of
         # kodim01, 14, 23 in grey +13%, +11%, +4%; the first 16 CIFAR-10 test images in grey as one stream
-        # with `cifar10`, 6.448 against 5.368): "auto" writes the seed codec's file. (A set that mixes grey
-        # and colour images still codes both.)
+        # with `cifar10`, 6.448 against 5.368): "auto" writes the seed codec's file. In a set that mixes
+        # grey and colour images the grey ones' tiles are seed tiles (below).
         skipped = "grey"
     elif estimate is not None and estimate.mean > threshold:
         skipped = "estimate"
@@ -437,7 +437,12 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         if skipped is None:
             seed_tile_bits = stream.tile_seed_bits(images, stream.T.plan_tiles([im.color_shape for im in images], ss.tile), ss)
             tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
-            if in_context and fallback == "auto" and np.isfinite(tile_bits).all():  # grey tiles: no estimate, code both
+            if fallback != "off":
+                # a grey image's tiles go to the seed codec, as a grey image alone does ("grey" above): no
+                # estimate covers them (NaN), and before 0.9.33 the model coded them and its stream lost
+                # (fallback "off", the model's stream only, still gives them to the model: what measured that)
+                tile_bits[~rgb_tiles(sources, ss.tile)] = np.inf
+            if in_context and fallback == "auto":
                 saving = expected_saving(seed_tile_bits, tile_bits)
                 if saving.bits < saving.needed:
                     skipped = "saving"
@@ -503,21 +508,32 @@ def _saving_needed(n: int, k: int) -> float:
     return SAVING_MIN_BITS + (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
 
 
-def _all_rgb(sources: list[imgs.SourceImage]) -> bool:
-    """Whether every image has three colour planes (what the quick looks estimate)."""
-    return all(s.color is not None and s.color.shape[0] == 3 for s in sources)
+def _is_rgb(src: imgs.SourceImage) -> bool:
+    """Whether an image has three colour planes (what the model's estimates cover)."""
+    return src.color is not None and src.color.shape[0] == 3
+
+
+def _tile_refs(sources: list[imgs.SourceImage], tile: int) -> list:
+    """The stream's tiles (stream.T.plan_tiles order; an image without colour planes has none)."""
+    return stream.T.plan_tiles([s.color.shape if s.color is not None else (0, 0, 0) for s in sources], tile)
+
+
+def rgb_tiles(sources: list[imgs.SourceImage], tile: int) -> np.ndarray:
+    """Per tile of the stream: whether its image is RGB (bool [n]); the others are grey images' tiles,
+    which no estimate covers (tile_model_bits: NaN) and which compress gives the seed codec."""
+    return np.array([_is_rgb(sources[r.image]) for r in _tile_refs(sources, tile)], dtype=bool)
 
 
 def _screen_first(sources: list[imgs.SourceImage], tile: int) -> bool:
-    """Whether compress's fallback "auto" screens first (screen_saving): colour images (RGB) of at
-    least SCREEN_TILES tiles in all."""
-    return _all_rgb(sources) and len(stream.T.plan_tiles([s.color.shape for s in sources], tile)) >= SCREEN_TILES
+    """Whether compress's fallback "auto" screens first (screen_saving): at least SCREEN_TILES tiles of
+    colour images (RGB; since 0.9.33 also where grey images are beside them)."""
+    return int(rgb_tiles(sources, tile).sum()) >= SCREEN_TILES
 
 
 def _sample_first(sources: list[imgs.SourceImage]) -> bool:
     """Whether compress's fallback "auto" looks at a sample of tiles first (sample_saving): colour
-    images (RGB) of more than SAMPLE_ABOVE_PIXELS in all."""
-    return _all_rgb(sources) and sum(s.color.shape[1] * s.color.shape[2] for s in sources) > SAMPLE_ABOVE_PIXELS
+    images (RGB) of more than SAMPLE_ABOVE_PIXELS in all (grey images beside them not counted)."""
+    return sum(s.color.shape[1] * s.color.shape[2] for s in sources if _is_rgb(s)) > SAMPLE_ABOVE_PIXELS
 
 
 def expected_saving(seed_tile_bits: np.ndarray, model_bits: np.ndarray) -> Saving:
@@ -533,7 +549,9 @@ def sample_saving(sources: list[imgs.SourceImage], model, ss: stream.StreamSetti
     estimated by tile_model_bits as the whole set would estimate it, against its share of the seed
     codec's file (stream.seed_file_tile_bits: blocks of up to 1024x1024 coded alone, from the
     analyses that file made). bits and tiles: the sample's scaled to all tiles; upper: bits plus
-    SAMPLE_Z standard errors of that total (finite population). Colour images only (RGB)."""
+    SAMPLE_Z standard errors of that total (finite population). The tiles are drawn from the colour
+    (RGB) images' and the extrapolation is to those; a grey image's tiles save nothing (compress gives
+    them the seed codec) but count in the flags that name the seed tiles."""
     return _sampled_saving(sources, model, ss, device, excess_bpd, SAMPLE_TILES, None, 0.0, SAMPLE_Z)
 
 
@@ -561,8 +579,9 @@ def _sampled_saving(sources, model, ss: stream.StreamSettings, device: str, exce
                     look: int | None, sd_bpd: float, z: float) -> Saving:
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
     refs = stream.T.plan_tiles([im.color_shape for im in images], ss.tile)
-    n = len(refs)
-    pick = np.sort(np.random.default_rng(0).choice(n, min(tiles, n), replace=False))
+    rgb = np.flatnonzero(rgb_tiles(sources, ss.tile))  # all tiles where every image is RGB: the same draw
+    n = len(rgb)
+    pick = rgb[np.sort(np.random.default_rng(0).choice(n, min(tiles, n), replace=False))]
     seed = stream.seed_file_tile_bits(images, refs, ss.seed)
     model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick, look=look)
     gain, p = _expected_gain(seed[pick] - model_bits[pick], sd_bpd * 3 * ss.tile ** 2)
@@ -570,7 +589,7 @@ def _sampled_saving(sources, model, ss: stream.StreamSettings, device: str, exce
     se = n * float(gain.std(ddof=1)) / math.sqrt(m) * math.sqrt(1 - m / n) if 1 < m < n else 0.0
     k = int(round(scale * float(p.sum())))
     bits = scale * float(gain.sum())
-    return Saving(bits, k, _saving_needed(n, k), m, bits + z * se)
+    return Saving(bits, k, _saving_needed(len(refs), k), m, bits + z * se)
 
 
 FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"
@@ -674,9 +693,9 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
 
     from . import likelihood, models
 
-    refs = stream.T.plan_tiles([s.color.shape if s.color is not None else (0, 0, 0) for s in sources], tile)
+    refs = _tile_refs(sources, tile)
     out = np.full(len(refs), np.nan)
-    rgb = [i for i, r in enumerate(refs) if sources[r.image].color.shape[0] == 3]
+    rgb = np.flatnonzero(rgb_tiles(sources, tile)).tolist()
     dims = 3 * tile * tile  # every tile is coded whole, padding included
     step = tiles_like(64, tile)
     n32 = len(rgb) * tile * tile / (32 * 32)

@@ -462,17 +462,16 @@ def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
         api.compress(ramp, model, "ode", SETTINGS, fallback="auto")
 
 
-def test_auto_codes_both_where_it_cannot_estimate(model):
-    """A grey image beside a colour one: the grey one has no RGB planes to take the bound of, so "auto"
-    codes both, like "both". Grey images alone (0.9.32): the seed codec's file, the model's stream not
-    coded (it always lost on them: compress's note), the same bytes "both" keeps; "both" and "off" still
-    code it."""
+def test_auto_gives_grey_images_the_seed_codec(model):
+    """Grey images alone (0.9.32): the seed codec's file, the model's stream not coded (it always lost
+    on them: compress's note), the same bytes "both" keeps; "both" and "off" still code a stream. With
+    seed tiles each alone ("tile" context, whose estimate is the whole set's bound) a set that mixes grey
+    and colour images still codes both, as before."""
     grey = images.from_array(_gradient()[..., 0])
     srcs = [grey, images.from_array(_gradient(9, 7))]
-    for ss in (None, _tile_context(model)):
-        _, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto", stream_settings=ss)
-        assert rep.model_estimate_bpd is None and rep.model_saving is None and rep.model_skipped is None
-        assert rep.model_bytes is not None and rep.seed_bytes is not None
+    _, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto", stream_settings=_tile_context(model))
+    assert rep.model_estimate_bpd is None and rep.model_saving is None and rep.model_skipped is None
+    assert rep.model_bytes is not None and rep.seed_bytes is not None
     greys = [grey, images.from_array(_gradient(20, 30)[..., 0])]
     for ss in (None, _tile_context(model)):
         data, rep = api.compress(greys, model, "ode", SETTINGS, fallback="auto", stream_settings=ss)
@@ -485,6 +484,71 @@ def test_auto_codes_both_where_it_cannot_estimate(model):
         api.check_identical(greys, api.decompress(data, model))
     _, rep = api.compress(greys, model, "ode", SETTINGS, fallback="off")
     assert rep.model_bytes is not None and rep.model_skipped is None
+
+
+def _chosen_seed_tiles(monkeypatch) -> list:
+    """Record stream.choose_seed_tiles' answers (bool [n] each) in the list returned."""
+    real, seen = api.stream.choose_seed_tiles, []
+    monkeypatch.setattr(api.stream, "choose_seed_tiles", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    return seen
+
+
+def test_grey_tiles_beside_colour_ones_are_seed_tiles(model, monkeypatch):
+    """0.9.33: in a set that mixes grey and colour images, "auto" and "both" give every grey tile to the
+    seed codec (its estimate +inf: no estimate covers it, and the model's stream lost on every grey image
+    measured), and "auto" decides from the colour tiles' saving; before, "auto" coded both streams, the
+    model coding the grey tiles. "off" (the model's stream only) still gives them to the model. The model
+    wins on the colour image here (in distribution) and loses far on the grey ramp: the stream of "auto"
+    is the smaller, and decodes to the same pixels."""
+    grey = images.from_array(_gradient(40, 72)[..., 0])  # 2 x 3 tiles of 32px
+    srcs = [images.from_array(_in_distribution(model)), grey]  # 4 colour tiles, then 6 grey ones
+    assert api.rgb_tiles(srcs, 32).tolist() == [True] * 4 + [False] * 6
+    seen = _chosen_seed_tiles(monkeypatch)
+    data, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto")
+    assert rep.coded_by == "model" and rep.model_skipped is None
+    sv = rep.model_saving
+    assert sv.bits > sv.needed and sv.tiles <= 4 and sv.needed == pytest.approx(api._saving_needed(10, sv.tiles))
+    assert seen[-1][4:].all()  # every grey tile a seed tile
+    api.check_identical(srcs, api.decompress(data, model))
+    both, rep_both = api.compress(srcs, model, "ode", SETTINGS, fallback="both")
+    assert both == data and seen[-1][4:].all() and rep_both.seed_bytes > len(data)
+    off, _ = api.compress(srcs, model, "ode", SETTINGS, fallback="off")
+    assert not seen[-1][4:].all() and len(off) > len(data)  # the model coded grey tiles, at a loss
+    api.check_identical(srcs, api.decompress(off, model))
+    # grey images alone with "both": a stream of seed tiles only, which decodes
+    greys = [grey, images.from_array(_gradient(20, 30)[..., 0])]
+    both, rep = api.compress(greys, model, "ode", SETTINGS, fallback="both")
+    assert seen[-1].all() and rep.model_bytes is not None
+    api.check_identical(greys, api.decompress(both, model))
+
+
+def test_the_quick_looks_draw_colour_tiles_beside_grey_ones(model, monkeypatch):
+    """0.9.33: sample_saving (and screen_saving, which draws alike) draws its tiles from the colour
+    images' (the same draw as for those images alone) and extrapolates to them; the flags that would
+    name the seed tiles count every tile. _screen_first and _sample_first count colour images alone."""
+    rgb = images.from_array(_gradient(96, 320))  # 30 tiles of 32px
+    grey = images.from_array(_gradient(64, 64)[..., 0])  # 4 tiles
+    srcs = [grey, rgb]  # the grey tiles first: the colour ones are tiles 4 - 33
+    seed_bits = np.concatenate([np.full(4, 1e5), np.arange(30) * 10.0])
+    model_bits = np.concatenate([np.full(4, 0.0), np.where(np.arange(30) % 3 == 0, 0.0, 1e6)])
+    monkeypatch.setattr(api, "SAMPLE_TILES", 8)
+    asked, _ = _gains(model, monkeypatch, seed_bits, model_bits)
+    sv = api.sample_saving(srcs, model, api.default_stream_settings(model, 32))
+    pick = np.sort(np.random.default_rng(0).choice(30, 8, replace=False))
+    assert np.array_equal(asked[0], 4 + pick)
+    gain = np.maximum(0, seed_bits[4 + pick] - model_bits[4 + pick])
+    assert sv.sampled == 8 and sv.bits == pytest.approx(30 / 8 * gain.sum())
+    assert sv.tiles == round(30 / 8 * (gain > 0).sum()) and sv.needed == pytest.approx(api._saving_needed(34, sv.tiles))
+    alone = api.sample_saving([rgb], model, api.default_stream_settings(model, 32))
+    assert np.array_equal(asked[1], pick) and alone.sampled == 8  # the same draw (the stand-ins' bits are the set's)
+    monkeypatch.setattr(api, "SCREEN_TILES", 30)
+    assert api._screen_first(srcs, 32) and not api._screen_first([grey, grey, grey, grey, grey, grey, grey, grey], 32)
+    monkeypatch.setattr(api, "SCREEN_TILES", 31)
+    assert not api._screen_first(srcs, 32)  # 34 tiles, 30 of them colour
+    monkeypatch.setattr(api, "SAMPLE_ABOVE_PIXELS", 96 * 320 - 1)
+    assert api._sample_first(srcs) and not api._sample_first([grey] * 20)
+    monkeypatch.setattr(api, "SAMPLE_ABOVE_PIXELS", 96 * 320)
+    assert not api._sample_first(srcs)  # the grey image's pixels not counted
 
 
 def _index_palette(h=24, w=40):
