@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 # decompress (the seed codec's files) 1024x768 363 (512), 2048x1536 458 (768).
 PROCESS_BYTES = 128 << 20  # Python, numpy and the package, before the image
 MODEL_BYTES = 384 << 20  # torch and a model: compress unless --fallback seed, decompress of a model's stream
-CODING_BYTES_PER_PIXEL = {"compressed": 768, "decompressed": 448}  # the seed codec on one part's pixels
+# the seed codec on one part's pixels (verify: compress's, whose decode after it needs less)
+CODING_BYTES_PER_PIXEL = {"compressed": 768, "verified": 768, "decompressed": 448}
 PART_SIDE = 1024  # a seed codec part holds at most 1024x1024 pixels (stream.SEED_ONLY_MAX_TILE)
 IMAGE_BYTES_PER_PIXEL = 64  # the whole image's arrays
 DEEP_BYTES_PER_PIXEL = 16  # and a 16-bit image's low bits
@@ -51,6 +52,7 @@ class Summary:
     dims: int = 0
     bytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    record: dict | None = None  # verify's: its --json object
 
 
 @dataclass
@@ -143,7 +145,7 @@ def file_need(inputs, opts: dict, verb: str) -> int:
     from scoreflow_codec import api, container, deep, images
 
     try:
-        if verb == "compressed":
+        if verb in ("compressed", "verified"):
             sizes, model = [images.peek(_name(inputs))], opts.get("fallback") != "seed"
         else:
             header = api.read_header(container.head(inputs))
@@ -154,7 +156,7 @@ def file_need(inputs, opts: dict, verb: str) -> int:
     pixels = sum(w * h for w, h, _ in sizes)
     parts = sum(-(-w // PART_SIDE) * -(-h // PART_SIDE) for w, h, _ in sizes)
     jobs = opts.get("jobs") or 1
-    coders = 1 if jobs == 1 else min(jobs, max(parts, 2 if verb == "compressed" else 1))
+    coders = 1 if jobs == 1 else min(jobs, max(parts, 2 if verb != "decompressed" else 1))
     return (PROCESS_BYTES + MODEL_BYTES * model + coders * CODING_BYTES_PER_PIXEL[verb] * min(pixels, PART_SIDE ** 2)
             + sum(w * h * (IMAGE_BYTES_PER_PIXEL + DEEP_BYTES_PER_PIXEL * wide) for w, h, wide in sizes))
 
@@ -171,14 +173,16 @@ def error_line(name, e: SfcError) -> str:
     return f"sfcodec: error: {text if str(name) in text else f'{name}: {text}'}"
 
 
-def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path) -> int:
+def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path | None,
+        outcomes: list | None = None) -> int:
     """Each task (inputs, output, opts) through attempt(fn, ...), at most `jobs` processes (None: the usable
     cores), no more files at once than the available memory holds by their estimates (file_need); prints
-    each file's line as it ends and a total -> the exit code."""
+    each file's line as it ends and a total -> the exit code. out_dir None (verify: nothing written, each
+    task's output slot the name its line shows): the lines on standard output, the warnings and errors on
+    standard error. outcomes: a list to receive each task's Outcome, in the tasks' order."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for folder in sorted({t[1].parent for t in tasks} - {out_dir}):  # a folder input's subfolders (-r)
-            folder.mkdir(parents=True, exist_ok=True)
+        for folder in [] if out_dir is None else [out_dir, *sorted({t[1].parent for t in tasks} - {out_dir})]:
+            folder.mkdir(parents=True, exist_ok=True)  # -r: a folder input's subfolders too
     except OSError as e:
         raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
     # --jobs (default: the usable cores) counts processes in all: files at once, and where there are fewer
@@ -198,7 +202,7 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
             f"{'unknown' if budget is None else mib(budget) + ' available'}, a file's estimated peak "
             f"{mib(min(need))} - {mib(max(need))}: files start as long as their estimates fit")
     t0 = time.perf_counter()
-    outcomes: dict[int, Outcome] = {}
+    outcomes_by: dict[int, Outcome] = {}
     bar = None
     if not quiet and sys.stderr.isatty() and len(tasks) > 1:
         from tqdm import tqdm
@@ -206,38 +210,41 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
         bar = tqdm(total=len(tasks), desc=verb.split()[0], unit="file", file=sys.stderr, leave=False,
                    dynamic_ncols=True)
 
-    def say(line: str) -> None:
+    def say(line: str, err: bool = True) -> None:
         if bar is not None:
-            bar.write(line, file=sys.stderr)
+            bar.write(line, file=sys.stderr if err else sys.stdout)
         else:
-            click.echo(line, err=True)
+            click.echo(line, err=err)
 
     try:
         for k, out in workers.each(attempt, [(fn, *t) for t in tasks], procs, need, budget):
-            outcomes[k] = out
+            outcomes_by[k] = out
             if out.error is not None:
                 say(out.error)
             elif not quiet and out.summary is not None:
                 for w in out.summary.warnings:
                     say(w)
-                say(out.summary.message)
+                say(out.summary.message, err=out_dir is not None)
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    failed = [k for k in range(len(tasks)) if outcomes[k].code != 0]
-    done = [outcomes[k].summary for k in range(len(tasks)) if outcomes[k].code == 0 and outcomes[k].summary]
-    skipped = sum(outcomes[k].code == 0 and outcomes[k].summary is None for k in range(len(tasks)))
+    failed = [k for k in range(len(tasks)) if outcomes_by[k].code != 0]
+    done = [outcomes_by[k].summary for k in range(len(tasks)) if outcomes_by[k].code == 0 and outcomes_by[k].summary]
+    skipped = sum(outcomes_by[k].code == 0 and outcomes_by[k].summary is None for k in range(len(tasks)))
+    if outcomes is not None:
+        outcomes[:] = [outcomes_by[k] for k in range(len(tasks))]
     if not quiet and (len(tasks) > 1 or skipped):
         size = sum(s.bytes for s in done)
         dims = sum(s.dims for s in done)
-        what = (f"{size} bytes, {8 * size / dims:.3f} bits/dim" if verb == "compressed" and dims else
+        what = (f"{size} bytes, {8 * size / dims:.3f} bits/dim" if verb != "decompressed" and dims else
                 f"{sum(s.images for s in done)} image(s)")
         left = f" ({skipped} skipped: their output exists)" if skipped else ""
-        click.echo(f"sfcodec: {len(done)} of {len(tasks)} file(s) {verb} into {out_dir}{left}: {what}, "
+        into = "" if out_dir is None else f" into {out_dir}"
+        click.echo(f"sfcodec: {len(done)} of {len(tasks)} file(s) {verb}{into}{left}: {what}, "
                    f"{time.perf_counter() - t0:.1f}s ({procs} process{'es' if procs > 1 else ''})", err=True)
     if failed and len(tasks) > 1:
         click.echo(f"sfcodec: {len(failed)} of {len(tasks)} file(s) failed; the first, {_name(tasks[failed[0]][0])}, "
-                   f"with exit code {outcomes[failed[0]].code}", err=True)
-    return outcomes[failed[0]].code if failed else 0
+                   f"with exit code {outcomes_by[failed[0]].code}", err=True)
+    return outcomes_by[failed[0]].code if failed else 0

@@ -415,10 +415,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
 
     if not _stdio(output):
         _check_output(output, o["force"], inputs)
-    sources = _load_images(inputs, o["keep_metadata"])
-    for src, p in zip(sources, inputs):
-        if not _stdio(p):  # an image from standard input has no name to keep
-            src.meta.setdefault("name", p.name)
+    sources = _named(_load_images(inputs, o["keep_metadata"]), inputs)
     mode, device, jobs = o["mode"], o["device"], o["jobs"]
     m = _load_model(o["model"], device, [s.size for s in sources], o["fallback"])
     t0 = time.perf_counter()
@@ -441,6 +438,15 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
            f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
     return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=warnings)
+
+
+def _named(sources, inputs) -> list:
+    """The sources, each with its input's file name to record in the file (src.meta["name"]; an image from
+    standard input has none)."""
+    for src, p in zip(sources, inputs):
+        if not _stdio(p):
+            src.meta.setdefault("name", p.name)
+    return sources
 
 
 def _not_kept(sources, inputs) -> list[str]:
@@ -722,38 +728,76 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
 @NO_FALLBACK_OPTION
 @JOBS_OPTION
 @METADATA_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--each", is_flag=True,
+              help="Each image alone, as compress -d codes it (the default where an input is a folder): a line "
+                   "per image, the images in parallel (--jobs); without it several images are one stream, as "
+                   "compress -o codes them.")
+@click.option("-r", "--recursive", is_flag=True, help="A folder's subfolders' images too.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (each image alone: a list, one object each).")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, jobs, keep_metadata, as_json, quiet):
-    """Compress and decompress in memory, check the pixels (and metadata) are identical, report size and time."""
+def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, jobs, keep_metadata, each, recursive,
+           as_json, quiet):
+    """Compress and decompress in memory, check the pixels (and metadata) are identical, report size and time.
+
+    Several images are one stream, as `compress -o` codes them; a folder (its images; -r: its subfolders'
+    too) or --each verifies each image alone, as `compress -d` codes it: nothing is written either way.
+    """
+    opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "arith": arith,
+            "fallback": "off" if no_fallback else fallback, "jobs": jobs, "keep_metadata": keep_metadata}
+    if each or any(i.is_dir() and not _stdio(i) for i in inputs):
+        from cli import batch
+        from scoreflow_codec.images import IMAGE_SUFFIXES, RAW_SUFFIXES
+
+        if any(_stdio(i) for i in inputs):
+            raise UsageError("- (an image on standard input) goes alone, without a folder or --each")
+        files = batch.expand(inputs, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES)
+        outcomes: list = []
+        code = batch.run(_verify_files, [([f], f, opts) for f in files], jobs, quiet or as_json, "verified", None,
+                         outcomes)
+        if as_json:
+            click.echo(json.dumps([o.summary.record if o.code == 0 else
+                                   {"file": str(f), "identical": False, "exit_code": o.code, "error": o.error}
+                                   for f, o in zip(files, outcomes)]))
+        sys.exit(code)
+    done = _verify_files(list(inputs), None, opts, quiet)
+    if as_json:
+        click.echo(json.dumps(done.record))
+    else:
+        for w in [] if quiet else done.warnings:
+            click.echo(w, err=True)
+        click.echo(done.message)
+
+
+def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
+    """verify's work: the inputs as one stream, coded and decoded in memory -> batch.Summary (its line,
+    name: first where given, and its JSON record); a decode that differs raises (exit 7)."""
+    from cli.batch import Summary
     from scoreflow_codec import api
 
-    sources = _load_images(inputs, keep_metadata)
-    fallback = "off" if no_fallback else fallback
-    m = _load_model(model, device, [s.size for s in sources], fallback)
+    sources = _named(_load_images(inputs, o["keep_metadata"]), inputs)  # as compress: its size, byte for byte
+    mode, device, fallback, jobs = o["mode"], o["device"], o["fallback"], o["jobs"]
+    m = _load_model(o["model"], device, [s.size for s in sources], fallback)
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, steps, tile, device, quiet, fallback, arith, jobs)
+    data, rep = _encode(sources, m, mode, o["steps"], o["tile"], device, quiet, fallback, o["arith"], jobs)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
     t2 = time.perf_counter()
     api.check_identical(sources, back)
-    out = {"images": len(sources), "bytes": len(data), "metadata_bytes": rep.metadata_bytes,
-           "low_bytes": rep.low_bytes, "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
-           "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
-           "model_estimate_bpd": rep.model_estimate_bpd,
-           "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
-           "model_saving_bits": None if rep.model_saving is None else rep.model_saving.bits,
-           "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True,
-           "not_kept": {_shown(p): s.not_kept for s, p in zip(sources, inputs) if s.not_kept}}
-    if as_json:
-        click.echo(json.dumps(out))
-    else:
-        for w in [] if quiet else _not_kept(sources, inputs):
-            click.echo(w, err=True)
-        click.echo(f"OK: {len(sources)} image(s) -> {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
-                   f"[{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode {t2 - t1:.1f}s; pixels identical"
-                   + ("" if not rep.metadata_bytes else ", metadata identical"))
+    record = {**({"file": str(name)} if name is not None else {}),
+              "images": len(sources), "bytes": len(data), "metadata_bytes": rep.metadata_bytes,
+              "low_bytes": rep.low_bytes, "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
+              "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
+              "model_estimate_bpd": rep.model_estimate_bpd,
+              "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
+              "model_saving_bits": None if rep.model_saving is None else rep.model_saving.bits,
+              "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True,
+              "not_kept": {_shown(p): s.not_kept for s, p in zip(sources, inputs) if s.not_kept}}
+    msg = (f"{'' if name is None else f'{name}: '}OK: {len(sources)} image(s) -> {len(data)} bytes{_sections(rep)}, "
+           f"{rep.bpd:.3f} bits/dim [{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode "
+           f"{t2 - t1:.1f}s; pixels identical" + ("" if not rep.metadata_bytes else ", metadata identical"))
+    return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=_not_kept(sources, inputs),
+                   record=record)
 
 
 @cli.command(name="eval")

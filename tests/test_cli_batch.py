@@ -145,6 +145,7 @@ def test_a_files_memory_estimate(tmp_path):
     base = batch.PROCESS_BYTES + batch.IMAGE_BYTES_PER_PIXEL * 3_000_000
     seed = {"fallback": "seed", "jobs": 1}
     assert batch.file_need([big], seed, "compressed") == base + part["compressed"] * MiB
+    assert batch.file_need([big], {**seed, "jobs": 3}, "verified") == base + 3 * part["verified"] * MiB  # as compress
     assert batch.file_need([big], {**seed, "fallback": "auto"}, "compressed") == (
         base + batch.MODEL_BYTES + part["compressed"] * MiB)
     assert batch.file_need([big], {**seed, "jobs": 3}, "compressed") == base + 3 * part["compressed"] * MiB
@@ -495,3 +496,76 @@ def test_same_format():
     assert same("x.webp", "L") == ".png" and same("x.webp", "RGBA") == ".webp" and same("x.bmp", "LA") == ".png"
     assert same("x.ppm", "P") == ".png" and same("x.tif", "PA") == ".tif"
     assert same("x.tif", "RGB;16") == ".tif" and same("x.tif", "LA;16") == ".png" and same("x.webp", "RGB;16") == ".png"
+
+
+def test_verify_of_a_folder_checks_each_image_alone(photos, tmp_path):
+    """0.9.33: verify FOLDER (-r: its subfolders too) or --each: each image coded alone, as compress -d codes
+    it (the same bytes), and decoded in memory, in parallel processes: a line per image on standard output
+    naming it, the total on standard error, nothing written; a file that fails is one error line and the
+    others go on, exit code the first failure's; --json: a list, an object per image (a failure's with its
+    error). Several files without --each are still one stream."""
+    alone = {}
+    for p in photos:
+        out = tmp_path / f"{p.stem}.sfc"
+        assert sfcodec("compress", p, "-o", out, *SEED, "-q").exit_code == 0
+        alone[str(p)] = len(out.read_bytes())
+    folder = photos[0].parent
+    (folder / "notes.txt").write_text("not an image, not taken")
+    before = sorted(tmp_path.rglob("*"))
+    for jobs in ("1", "2"):
+        r = sfcodec("verify", folder, *SEED, "--jobs", jobs)
+        assert r.exit_code == 0, r.stderr
+        out = [ln for ln in r.stdout.split("\n") if ln]  # in the order they end
+        assert {ln.split(": OK: ")[0]: int(ln.split(" -> ")[1].split(" bytes")[0]) for ln in out} == alone
+        assert len(out) == 3 and all("; pixels identical" in ln for ln in out)
+        assert lines(r) == [lines(r)[0]] and f"3 of 3 file(s) verified: {sum(alone.values())} bytes" in lines(r)[0]
+    r = sfcodec("verify", *photos[:2], *SEED, "--each", "--json")
+    assert r.exit_code == 0 and r.stderr == ""
+    got = json.loads(r.stdout)
+    assert [(o["file"], o["bytes"], o["images"], o["identical"]) for o in got] == [
+        (str(p), alone[str(p)], 1, True) for p in photos[:2]]
+    one = json.loads(sfcodec("verify", *photos[:2], *SEED, "--json").stdout)  # one stream, as before
+    assert one["images"] == 2 and "file" not in one
+    sub = folder / "sub"
+    sub.mkdir()
+    deep = _image(sub / "d.png", 8)
+    bad = _image(folder / "bad.png", 9)
+    bad.write_bytes(bad.read_bytes()[:60])  # cut short
+    r = sfcodec("verify", folder, "-r", *SEED, "--json", "--jobs", "2")
+    assert r.exit_code == EXIT["image"]
+    got = json.loads(r.stdout)
+    assert [o["file"] for o in got] == sorted(str(p) for p in [*photos, bad, deep])
+    failed = [o for o in got if not o["identical"]]
+    assert len(failed) == 1 and failed[0]["file"] == str(bad) and failed[0]["exit_code"] == EXIT["image"]
+    errs = [ln for ln in lines(r) if "error" in ln]
+    assert len(errs) == 1 and str(bad) in errs[0] and errs[0] == failed[0]["error"] and "Traceback" not in r.output
+    assert lines(r)[-1].startswith("sfcodec: 1 of 5 file(s) failed; the first,")
+    bad.unlink()
+    sub.joinpath("d.png").unlink()
+    assert sorted(tmp_path.rglob("*")) == sorted(before + [sub])  # nothing written but the test's own
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, words in (([empty], "no image files in the folder (-r"), ([folder, "-"], "- (an image on standard input)"),
+                        (["-", "--each"], "goes alone")):
+        r = sfcodec("verify", *args, *SEED)
+        assert r.exit_code == EXIT["usage"] and len(lines(r)) == 1 and words in lines(r)[0], r.output
+
+
+def test_verify_each_says_which_image_did_not_come_back(photos, monkeypatch):
+    """A decode that differs, in verify's per-image mode: one error line naming the image (exit 7), the
+    others still verified."""
+    from scoreflow_codec import api
+
+    real = api.decompress
+
+    def flip(data, *a, **k):  # the second image's decode comes back with a pixel changed
+        out = real(data, *a, **k)
+        if out[0].size == (40, 9):
+            out[0].color[0, 0, 0] ^= 1
+        return out
+    monkeypatch.setattr(api, "decompress", flip)
+    r = sfcodec("verify", *photos, *SEED, "--each", "--jobs", "1")
+    assert r.exit_code == 7
+    errs = [ln for ln in lines(r) if "error" in ln]
+    assert len(errs) == 1 and str(photos[1]) in errs[0] and "Traceback" not in r.output
+    assert [ln.split(": OK: ")[0] for ln in r.stdout.split("\n") if ln] == [str(photos[0]), str(photos[2])]
