@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from scoreflow_codec import images as sfc_images
+from scoreflow_codec.errors import SfcError
 
 REPO = Path(__file__).resolve().parents[1]
 NAMED = {
@@ -71,13 +72,11 @@ def load(spec: str, limit: int | None = None) -> ImageSet:
 def load_npz(path: str | Path, limit: int | None = None) -> ImageSet:
     path = Path(path)
     try:
-        with np.load(path) as z:
-            if "images" not in z.files:
-                raise DataError(f"{path}: no array 'images' (keys: {', '.join(z.files)})")
-            images = z["images"][:limit]
-            index = z["index"][:limit] if "index" in z.files else np.arange(len(images))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: not a readable .npz file ({e})") from None
+        z = sfc_images.read_npz(path, also=("index",))
+    except SfcError as e:
+        raise DataError(str(e)) from None
+    images = z["images"][:limit]
+    index = z["index"][:limit] if "index" in z else np.arange(len(images))
     if images.ndim == 3:
         images = images[..., None]
     if images.dtype != np.uint8 or images.ndim != 4 or not 1 <= images.shape[3] <= 4:

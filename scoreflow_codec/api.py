@@ -1160,11 +1160,7 @@ def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray],
     arrays, names = [], []
     for p in map(Path, paths):
         if p.suffix.lower() == ".npz":
-            try:
-                with np.load(p) as z:
-                    a = z["images"]
-            except (OSError, ValueError, KeyError) as e:
-                raise imgs.BadImageError(f"{p}: not an .npz with an 'images' array ({e})") from None
+            a = imgs.read_npz(p)["images"]
             if a.dtype != np.uint8 or a.ndim != 4:
                 raise imgs.BadImageError(f"{p}: 'images' must be uint8 [N, H, W, C]")
             for i in range(len(a)):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,6 +298,26 @@ def _is_sfc(path: Path) -> bool:
             return f.read(len(MAGIC)) == MAGIC
     except OSError:
         return False
+
+
+def read_npz(path: str | os.PathLike, also: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """An .npz file's "images" array and those of `also` that it holds (sfcodec eval's, the trainer's and
+    the bench's inputs; each checks the array's shape itself). BadImageError naming the file where it is
+    missing, is not an .npz (np.load would read another file as a pickle, and say so), cannot be read
+    (cut short) or holds no "images" array (naming what it holds)."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadImageError(f"{p}: no such file")
+    if not zipfile.is_zipfile(p):
+        raise BadImageError(f"{p}: not an .npz file")
+    try:
+        with np.load(p) as z:
+            held = z.files
+            if "images" in held:
+                return {k: z[k] for k in ("images", *also) if k in held}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        raise BadImageError(f"{p}: not a readable .npz file ({e})") from None
+    raise BadImageError(f"{p}: no 'images' array in the .npz (it holds: {', '.join(held) or 'nothing'})")
 
 
 def load_image(path: str | os.PathLike) -> SourceImage:

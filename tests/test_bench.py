@@ -86,7 +86,7 @@ def test_load_npz(tmp_path):
     np.savez(tmp_path / "gray.npz", images=imgs[..., 0])
     assert datasets.load_npz(tmp_path / "gray.npz").images[0].shape == (8, 8, 1)
     np.savez(tmp_path / "bad.npz", pixels=imgs)
-    with pytest.raises(datasets.DataError, match="no array 'images'"):
+    with pytest.raises(datasets.DataError, match="no .images. array in the .npz \\(it holds: pixels\\)"):
         datasets.load_npz(tmp_path / "bad.npz")
     np.savez(tmp_path / "float.npz", images=imgs.astype(np.float32))
     with pytest.raises(datasets.DataError, match="uint8"):

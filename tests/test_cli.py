@@ -840,6 +840,13 @@ def test_eval(model_a, tmp_path):
     for opt, value in (("--n-t", "0"), ("--n-t", "-3"), ("--rtol", "-1"), ("--atol", "0"), ("--limit", "0")):
         bad = sfcodec("eval", npz, "--model", model_a, opt, value)
         assert bad.exit_code == EXIT["usage"] and f"Invalid value for '{opt}'" in bad.stderr, (opt, bad.output)
+    # an .npz that is not one, or holds no "images" (0.9.33: images.read_npz, the trainer's words; numpy's
+    # about pickles before)
+    (tmp_path / "text.npz").write_text("hello")
+    np.savez(tmp_path / "other.npz", pixels=np.zeros((1, 4, 4, 3), np.uint8))
+    for name, words in (("text.npz", "text.npz: not an .npz file"), ("other.npz", "no 'images' array in the .npz (it holds: pixels)")):
+        bad = sfcodec("eval", tmp_path / name, "--model", model_a)
+        assert bad.exit_code == EXIT["image"] and words in bad.stderr and len(bad.stderr.splitlines()) == 1, bad.output
 
 
 def test_eval_sees_the_picture_of_palette_and_1_bit_images(tmp_path):

@@ -339,3 +339,25 @@ def test_peek_gives_the_size_and_depth_without_the_pixels(tmp_path):
     for bad in (tmp_path / "x.png", tmp_path / "none.png"):
         with pytest.raises(BadImageError):
             images.peek(bad)
+
+
+def test_read_npz_names_what_is_wrong_with_the_file(tmp_path):
+    """images.read_npz (0.9.33: sfcodec eval's, the trainer's and the bench's .npz reader, three before):
+    the "images" array and the asked-for others it holds; one BadImageError naming the file for a missing
+    file, a file that is not an .npz (numpy's words about pickles before), one cut short, one without
+    "images" (naming what it holds)."""
+    x = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
+    np.savez(tmp_path / "a.npz", images=x, index=np.array([7, 9]), labels=np.array([1, 2]))
+    z = images.read_npz(tmp_path / "a.npz", also=("index", "absent"))
+    assert sorted(z) == ["images", "index"] and np.array_equal(z["images"], x) and z["index"].tolist() == [7, 9]
+    assert sorted(images.read_npz(tmp_path / "a.npz")) == ["images"]
+    np.savez(tmp_path / "other.npz", pixels=x, y=x)
+    (tmp_path / "text.npz").write_text("hello")
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "a.npz").read_bytes()[:200])
+    np.savez(tmp_path / "empty.npz")
+    for name, words in (("missing.npz", "missing.npz: no such file"), ("text.npz", "text.npz: not an .npz file"),
+                        ("cut.npz", "cut.npz: not"), ("other.npz", "other.npz: no 'images' array in the .npz (it holds: pixels, y)"),
+                        ("empty.npz", "(it holds: nothing)")):
+        with pytest.raises(BadImageError) as e:
+            images.read_npz(tmp_path / name)
+        assert words in str(e.value) and "\n" not in str(e.value)

@@ -6,14 +6,14 @@ own random stream, so ranks never see the same crop.
 from __future__ import annotations
 
 import math
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
-from scoreflow_codec.images import folder_files
+from scoreflow_codec.errors import SfcError
+from scoreflow_codec.images import folder_files, read_npz
 
 
 def load_images(path: str | Path) -> list[np.ndarray]:
@@ -24,15 +24,10 @@ def load_images(path: str | Path) -> list[np.ndarray]:
     if not p.exists():
         raise FileNotFoundError(f"training data not found: {p}")
     if p.suffix == ".npz":
-        if p.is_file() and not zipfile.is_zipfile(p):  # np.load would read it as a pickle, and say so
-            raise ValueError(f"{p}: not an .npz file")
         try:
-            with np.load(p) as z:
-                if "images" not in z.files:
-                    raise ValueError(f"{p}: no 'images' array in the .npz (it holds: {', '.join(z.files) or 'nothing'})")
-                a = z["images"]
-        except (OSError, EOFError, zipfile.BadZipFile) as e:
-            raise ValueError(f"{p}: not a readable .npz file ({e})") from None
+            a = read_npz(p)["images"]
+        except SfcError as e:
+            raise ValueError(str(e)) from None
         if a.dtype != np.uint8 or a.ndim != 4:
             raise ValueError(f"{p}: 'images' must be uint8 [N, H, W, C]")
         return list(a[..., :3]) if a.shape[-1] >= 3 else [np.repeat(x, 3, -1) for x in a]
@@ -49,7 +44,6 @@ def codec_pixels(path: Path) -> np.ndarray:
     grey as three equal channels; a palette image coded as indices by its colours. ValueError naming the
     file where it is not an image the codec reads."""
     from scoreflow_codec import images
-    from scoreflow_codec.errors import SfcError
 
     try:
         src = images.load_image(path)
