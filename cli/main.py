@@ -770,7 +770,8 @@ def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallbac
 
 def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
     """verify's work: the inputs as one stream, coded and decoded in memory -> batch.Summary (its line,
-    name: first where given, and its JSON record); a decode that differs raises (exit 7)."""
+    which begins with `name` where one is given, and its --json record); a decode that differs raises
+    (exit 7)."""
     from cli.batch import Summary
     from scoreflow_codec import api
 
