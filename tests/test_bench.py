@@ -473,3 +473,22 @@ def test_chain_steps_without_a_table(monkeypatch, capsys):
     assert chain_steps.main(["--model", "cifar10"]) == 0
     out = capsys.readouterr().out
     assert "has no denoising-error table: no prediction" in out and "| excess |" not in out
+
+
+def test_mixed_grey_reports_the_file(monkeypatch, tmp_path, capsys):
+    """bench/mixed_grey.py: a set of colour and grey images coded as one stream with a fallback and
+    decoded: one JSON line with the file's size (the smaller of the two that "both" codes), its coder and
+    the times; without the shared data, exit 2 and a line saying so. A small stand-in set here (a 40x40
+    colour image of 4 tiles and a 32x32 grey one), the shipped cifar10 model."""
+    from bench import mixed_grey
+
+    rng = np.random.default_rng(1)
+    colour = rng.integers(0, 256, (40, 40, 3)).astype(np.uint8)
+    monkeypatch.setattr(mixed_grey, "the_set", lambda case: ([colour, colour[:32, :32, 0]], "cifar10"))
+    monkeypatch.setattr(mixed_grey, "DATA", tmp_path)
+    assert mixed_grey.main(["cifar", "--fallback", "both"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["identical"] and out["bytes"] == min(out["model_bytes"], out["seed_bytes"])
+    assert out["case"] == "cifar" and out["fallback"] == "both" and out["skipped"] is None
+    monkeypatch.setattr(mixed_grey, "DATA", tmp_path / "absent")
+    assert mixed_grey.main(["kodak"]) == 2 and "shared data not found" in capsys.readouterr().err
