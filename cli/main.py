@@ -823,7 +823,8 @@ def eval_cmd(inputs, model, device, limit, recursive, no_ode, n_t, rtol, atol, p
     """Bits/dim a model assigns: the likelihood bound and the ODE NLL (the paper's numbers).
 
     INPUTS are image files, folders of images (-r: their subfolders too) or .npz files of uint8 images
-    (key "images").
+    (key "images"). A 16-bit image is evaluated on its high bits, the 8-bit planes the model codes in its
+    file (and the trainer trains on).
     """
     from cli import batch
     from scoreflow_codec import api, zoo

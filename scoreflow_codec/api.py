@@ -1154,7 +1154,9 @@ def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceIm
 def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray], list[str]]:
     """Image files and/or .npz files (key "images", uint8 [N, H, W, C]) -> arrays, names. A palette or
     1-bit image is its RGB picture (before 0.9.32 a palette image was evaluated as its index plane, as if
-    grey, and a 1-bit image was refused with "got bool")."""
+    grey, and a 1-bit image was refused with "got bool"); a 16-bit image its high bits (deep.split's: the
+    8-bit planes the model codes in its file, the trainer's training pixels), named "NAME (high bits)"
+    (refused before 0.9.33)."""
     from pathlib import Path
 
     arrays, names = [], []
@@ -1168,13 +1170,16 @@ def load_eval_inputs(paths, limit: int | None = None) -> tuple[list[np.ndarray],
                 names.append(f"{p.name}[{i}]")
         else:
             src = imgs.load_image(p)
-            if src.deep:
-                raise imgs.UnsupportedImageError(f"{p}: a 16-bit image; the model's bits/dim are for 8-bit images")
-            im = imgs.to_pil(src)
-            if im.mode in ("P", "PA", "1"):  # the picture, as the trainer gives it (not the index plane or bools)
-                im = im.convert("RGB")
-            arrays.append(np.asarray(im))
-            names.append(p.name)
+            if src.deep:  # its high bits, as compress gives them to the model (and the trainer trains on them)
+                c = src.color.transpose(1, 2, 0)
+                arrays.append(np.ascontiguousarray(c[..., 0] if c.shape[2] == 1 else c))
+                names.append(f"{p.name} (high bits)")
+            else:
+                im = imgs.to_pil(src)
+                if im.mode in ("P", "PA", "1"):  # the picture, as the trainer gives it (not the index plane or bools)
+                    im = im.convert("RGB")
+                arrays.append(np.asarray(im))
+                names.append(p.name)
         if limit is not None and len(arrays) >= limit:
             break
     if limit is not None:

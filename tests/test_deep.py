@@ -515,11 +515,35 @@ def test_an_earlier_release_refuses_version_6():
     assert struct.unpack_from("<H", data, 8)[0] == container.DEEP_VERSION == max(container.ZDICTS) == 6
 
 
-def test_eval_refuses_a_16_bit_image(tmp_path):
-    p = tmp_path / "a.png"
-    p.write_bytes(images.encode_source(images.from_array(smooth16(8, 8, 3)), ".png"))
-    with pytest.raises(SfcError, match="16-bit"):
-        api.load_eval_inputs([p])
+def test_eval_takes_a_16_bit_images_high_bits(tmp_path):
+    """0.9.33: sfcodec eval of a 16-bit image evaluates its high bits, the planes compress gives the model
+    and the trainer trains on (refused before): full-range samples' top bytes (v >> 8), 8-bit data in
+    16-bit words (v x 257) its 8 bits, a smooth field of few values deep.split's ranks; grey as grey, an
+    alpha plane left out; named as such; beside an 8-bit image, in order; --limit before reading more."""
+    from trainer.data import codec_pixels
+
+    rng = np.random.default_rng(4)
+    full = rng.integers(0, 65536, (8, 8, 3)).astype(np.uint16)
+    v = rng.integers(0, 256, (8, 8)).astype(np.uint16)
+    smooth = smooth16(8, 8, 3)
+    cases = {"full.png": full, "grey.tif": v * 257, "rgba.png": np.dstack([full, np.full((8, 8), 65535, np.uint16)]),
+             "smooth.png": smooth}
+    for name, a in cases.items():
+        (tmp_path / name).write_bytes(images.encode_source(images.from_array(a), "." + name.split(".")[1]))
+    Image.fromarray((full >> 8).astype(np.uint8)).save(tmp_path / "eight.png")
+    order = ["full.png", "eight.png", "grey.tif", "rgba.png", "smooth.png"]
+    arrays, names = api.load_eval_inputs([tmp_path / n for n in order])
+    assert names == ["full.png (high bits)", "eight.png", "grey.tif (high bits)", "rgba.png (high bits)",
+                     "smooth.png (high bits)"]
+    assert np.array_equal(arrays[0], full >> 8) and arrays[0].dtype == np.uint8
+    assert np.array_equal(arrays[1], arrays[0]) and np.array_equal(arrays[2], v) and arrays[2].ndim == 2
+    assert np.array_equal(arrays[3], full >> 8)
+    assert np.array_equal(arrays[4], deep.split(smooth.transpose(2, 0, 1))[0].transpose(1, 2, 0))
+    assert not np.array_equal(arrays[4], smooth >> 8)  # a reduction, not the top bytes, here
+    for k in (0, 4):  # what the trainer trains on
+        assert np.array_equal(codec_pixels(tmp_path / order[k]), arrays[k])
+    (tmp_path / "bad.png").write_text("not read: beyond --limit")
+    assert api.load_eval_inputs([tmp_path / "full.png", tmp_path / "bad.png"], limit=1)[1] == ["full.png (high bits)"]
 
 
 def test_every_truncation_and_flip_of_a_16_bit_file_is_refused():
