@@ -492,3 +492,18 @@ def test_mixed_grey_reports_the_file(monkeypatch, tmp_path, capsys):
     assert out["case"] == "cifar" and out["fallback"] == "both" and out["skipped"] is None
     monkeypatch.setattr(mixed_grey, "DATA", tmp_path / "absent")
     assert mixed_grey.main(["kodak"]) == 2 and "shared data not found" in capsys.readouterr().err
+
+
+def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys):
+    """bench/own_stream.py: each image its own stream with seed tiles "first" (only as many as the chain
+    needs), decoded identical: a 128x128 noisy image of sixteen 32px tiles through cifar10 at 4 steps has
+    model tiles."""
+    from bench import own_stream
+
+    rng = np.random.default_rng(2)
+    Image.fromarray(rng.integers(0, 256, (128, 128, 3)).astype(np.uint8)).save(tmp_path / "s.png")
+    assert own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["identical"] and out["model"] == "cifar10" and out["threads"] == 1
+    assert out["seed_tiles"][1] == 16 and out["seed_tiles"][0] < 16
+    assert out["bpd"] == pytest.approx(8 * out["bytes"] / (128 * 128 * 3))
