@@ -492,6 +492,19 @@ def test_mixed_grey_reports_the_file(monkeypatch, tmp_path, capsys):
     assert out["case"] == "cifar" and out["fallback"] == "both" and out["skipped"] is None
     monkeypatch.setattr(mixed_grey, "DATA", tmp_path / "absent")
     assert mixed_grey.main(["kodak"]) == 2 and "shared data not found" in capsys.readouterr().err
+    from scoreflow_codec import api
+    from scoreflow_codec.errors import DecodeMismatchError
+
+    real = api.decompress
+
+    def flipped(data, *a, **k):  # a decode that differs is never reported as a file
+        out = real(data, *a, **k)
+        out[0].color[0, 0, 0] ^= 1
+        return out
+    monkeypatch.setattr(api, "decompress", flipped)
+    monkeypatch.setattr(mixed_grey, "DATA", tmp_path)
+    with pytest.raises(DecodeMismatchError):
+        mixed_grey.main(["cifar", "--fallback", "both"])
 
 
 def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys):
