@@ -414,7 +414,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         skipped = "seed only"
     elif fallback != "off" and all(s.color is None for s in sources):
         skipped = "no colour planes"
-    elif fallback == "auto" and all(s.color is None or s.color.shape[0] == 1 for s in sources):
+    elif fallback == "auto" and not any(map(_is_rgb, sources)):
         # grey images: the model codes an RGB tile whose colour is latent (popped, given back), and no
         # estimate covers that (tile_model_bits: NaN), so before 0.9.32 "auto" coded both, and the model's
         # stream always lost (the 2-core Intel Xeon, --fallback both: kodim05 in grey, 768x512, 6.137
@@ -435,13 +435,14 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
                     if saving.upper < saving.needed:
                         skipped = why
         if skipped is None:
-            seed_tile_bits = stream.tile_seed_bits(images, stream.T.plan_tiles([im.color_shape for im in images], ss.tile), ss)
+            refs = _tile_refs(sources, ss.tile)
+            seed_tile_bits = stream.tile_seed_bits(images, refs, ss)
             tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
             if fallback != "off":
                 # a grey image's tiles go to the seed codec, as a grey image alone does ("grey" above): no
                 # estimate covers them (NaN), and before 0.9.33 the model coded them and its stream lost
                 # (fallback "off", the model's stream only, still gives them to the model: what measured that)
-                tile_bits[~rgb_tiles(sources, ss.tile)] = np.inf
+                tile_bits[~_rgb_of(sources, refs)] = np.inf
             if in_context and fallback == "auto":
                 saving = expected_saving(seed_tile_bits, tile_bits)
                 if saving.bits < saving.needed:
@@ -521,7 +522,12 @@ def _tile_refs(sources: list[imgs.SourceImage], tile: int) -> list:
 def rgb_tiles(sources: list[imgs.SourceImage], tile: int) -> np.ndarray:
     """Per tile of the stream: whether its image is RGB (bool [n]); the others are grey images' tiles,
     which no estimate covers (tile_model_bits: NaN) and which compress gives the seed codec."""
-    return np.array([_is_rgb(sources[r.image]) for r in _tile_refs(sources, tile)], dtype=bool)
+    return _rgb_of(sources, _tile_refs(sources, tile))
+
+
+def _rgb_of(sources: list[imgs.SourceImage], refs: list) -> np.ndarray:
+    """rgb_tiles of tiles already planned (refs)."""
+    return np.array([_is_rgb(sources[r.image]) for r in refs], dtype=bool)
 
 
 def _screen_first(sources: list[imgs.SourceImage], tile: int) -> bool:
@@ -578,8 +584,8 @@ def _expected_gain(d: np.ndarray, sd: float) -> tuple[np.ndarray, np.ndarray]:
 def _sampled_saving(sources, model, ss: stream.StreamSettings, device: str, excess_bpd: float, tiles: int,
                     look: int | None, sd_bpd: float, z: float) -> Saving:
     images = [stream.StreamImage(s.color, s.extra) for s in sources]
-    refs = stream.T.plan_tiles([im.color_shape for im in images], ss.tile)
-    rgb = np.flatnonzero(rgb_tiles(sources, ss.tile))  # all tiles where every image is RGB: the same draw
+    refs = _tile_refs(sources, ss.tile)
+    rgb = np.flatnonzero(_rgb_of(sources, refs))  # all tiles where every image is RGB: the same draw
     n = len(rgb)
     pick = rgb[np.sort(np.random.default_rng(0).choice(n, min(tiles, n), replace=False))]
     seed = stream.seed_file_tile_bits(images, refs, ss.seed)
@@ -695,7 +701,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
 
     refs = _tile_refs(sources, tile)
     out = np.full(len(refs), np.nan)
-    rgb = np.flatnonzero(rgb_tiles(sources, tile)).tolist()
+    rgb = np.flatnonzero(_rgb_of(sources, refs)).tolist()
     dims = 3 * tile * tile  # every tile is coded whole, padding included
     step = tiles_like(64, tile)
     n32 = len(rgb) * tile * tile / (32 * 32)
