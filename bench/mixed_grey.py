@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,9 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-DATA = Path(os.environ.get("SFC_SHARED_DATA", REPO.parent / "shared" / "data"))
+from bench.datasets import shared_data_dir  # noqa: E402
+
+DATA = shared_data_dir()
 
 
 def grey(a: np.ndarray) -> np.ndarray:
