@@ -8,7 +8,8 @@ image in chain mode in under 10 minutes on the 2-core CPU" measures.
 Kodak every tile goes to the seed codec (the photo model's estimate is above it on each), so it no
 longer shows the model coding a photograph. Here the seed tiles are "first" (only as many as the chain
 needs to have bits to pop, coded alone: stream settings seed_tiles "first", seed_context "tile"), as
-0.9.13 and before coded every stream. Each image is its own stream, decoded and compared; one JSON line
+0.9.13 and before coded every stream, and as `sfcodec compress --no-fallback --seed-tiles first` (0.9.34)
+does. Each image is its own stream, decoded and compared; one JSON line
 each: bytes, bits/dim, seed tiles of all, threads, encode and decode seconds.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     for path in a.images:
         src = [images.load_image(path)]
         model = zoo.load_model(zoo.auto_model_name([src[0].size]) if a.model == "auto" else a.model)
-        ss = replace(api.default_stream_settings(model), seed_tiles="first", seed_context="tile")
+        ss = api.default_stream_settings(model, seed_tiles="first")
         settings = {"steps": a.steps} if a.steps else None
         t0 = time.perf_counter()
         data, rep = api.compress(src, model, a.mode, settings, stream_settings=ss, fallback="off")

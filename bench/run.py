@@ -40,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"(classical: {', '.join(classical.BY_NAME)})")
     p.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                    help="extra keyword for api.compress (repeatable), e.g. steps=64; fallback=off: "
-                        "the files are the model's stream even where the seed codec alone is smaller")
+                        "the files are the model's stream even where the seed codec alone is smaller; with it "
+                        "seed_tiles=first: the model codes every tile but the few the chain needs (its own coding)")
     p.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's). On a busy machine 1 is far faster than "
@@ -120,7 +121,8 @@ def scoreflow_label(args, model) -> str:
 
     steps = api.coding_settings(args.mode, model, args.sf_settings)["steps"]
     return (f"model={args.model} mode={args.mode} steps={steps} device={args.device} "
-            f"arith={args.sf_settings.get('arith', 'exact64')}")
+            f"arith={args.sf_settings.get('arith', 'exact64')}"
+            f"{' seed_tiles=' + args.sf_settings['seed_tiles'] if 'seed_tiles' in args.sf_settings else ''}")
 
 
 def bench_set(imgset: datasets.ImageSet, codecs, skipped: dict, model, args, model_ref: str | None = None) -> dict:

@@ -135,17 +135,19 @@ def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = No
     return zoo.load_model(spec, device=device)
 
 
-def _encode(sources, m, mode: str, steps: int | None, tile: int | None, device: str, quiet: bool,
-            fallback: str = "auto", arith: str = "exact64", jobs: int | None = None):
-    """api.compress with the CLI's options (steps, tile, fallback) and an encode progress bar -> (data, report)."""
-    from scoreflow_codec import api, zoo
+def _encode(sources, m, mode: str, o: dict, quiet: bool):
+    """api.compress with the CLI's options (o: compress's and verify's: steps, tile, fallback, seed_tiles,
+    device, arith, jobs) and an encode progress bar -> (data, report)."""
+    from scoreflow_codec import api
 
-    settings = {"steps": steps} if steps else None
-    ss = api.default_stream_settings(m, tile)
+    settings = {"steps": o["steps"]} if o["steps"] else None
+    ss = api.default_stream_settings(m, o["tile"], o["seed_tiles"])
     sources = api.choose_palette_coding(sources, ss.seed)  # before the progress bar counts model tiles
+    fallback = o["fallback"]
     with _progress(api.compress_work_units(sources, m, mode, settings, ss, fallback), "encode", quiet) as tick:
-        return api.compress(sources, m, mode, settings, stream_settings=ss, device=device, progress=tick,
-                            fallback=fallback, arith=arith, phase=tick.describe if tick else None, jobs=jobs)
+        return api.compress(sources, m, mode, settings, stream_settings=ss, device=o["device"], progress=tick,
+                            fallback=fallback, arith=o["arith"], phase=tick.describe if tick else None,
+                            jobs=o["jobs"])
 
 
 def _run_label(mode: str, m) -> str:
@@ -153,13 +155,20 @@ def _run_label(mode: str, m) -> str:
     return f"{mode}, model {m.name}; " if m is not None else ""
 
 
-def _coded_by(rep) -> str:
-    """What wrote the file, for the summary lines."""
+def _coded_by(rep, seed_tiles: str = "chosen") -> str:
+    """What wrote the file, for the summary lines (seed_tiles: --seed-tiles)."""
     if rep.coded_by == "model":
+        st = rep.stream
         seed = f"; the seed codec alone: {8 * rep.seed_bytes / rep.num_dims:.3f}" if rep.seed_bytes else ""
-        return f"model's stream{seed}"
+        return f"model's stream, {st.n_tiles - st.n_seed} of {st.n_tiles} tiles the model's{seed}"
     if rep.model_bytes is not None and rep.model_bytes != rep.file_bytes:
         return f"seed codec alone, smaller than the model's stream ({8 * rep.model_bytes / rep.num_dims:.3f} bits/dim)"
+    if rep.model_bytes is not None:  # the model's stream was coded and kept: each of its tiles a seed tile
+        if seed_tiles == "first":
+            return (f"seed codec alone: the model's stream of {rep.stream.n_tiles} tile(s) is all seed tiles, "
+                    f"which the chain needs first to have bits to pop")
+        return ("seed codec alone: the encoder made every tile of the model's stream a seed tile (--seed-tiles "
+                "first: the model codes all but the first few)")
     if rep.model_skipped == "estimate":
         e = rep.model_estimate
         sample = "" if e.complete else f" (+- {e.se:.3f}, from {e.units} of {e.total} tiles)"
@@ -312,6 +321,13 @@ FALLBACK_OPTION = click.option(
          "the file auto writes for every Kodak image since 0.9.23). A file of the model's stream "
          "decodes with the model it names; a seed codec file needs no model.")
 NO_FALLBACK_OPTION = click.option("--no-fallback", is_flag=True, help="The same as --fallback off.")
+SEED_TILES_OPTION = click.option(
+    "--seed-tiles", type=click.Choice(["chosen", "first"]), default="chosen", show_default=True,
+    help="Which tiles of the model's stream the seed codec codes. chosen: every tile it is expected to code in "
+         "fewer bits than the model (on photographs with the shipped photo model: all of them, so the file is the "
+         "seed codec's coding); first: only the few the chain needs to have bits to pop, every other tile the "
+         "model's. With --no-fallback, first shows a model's own coding of the images: to measure a model you "
+         "trained (slower and usually larger).")
 JOBS_OPTION = click.option(
     "--jobs", type=click.IntRange(min=1), default=None,
     help="Processes for a seed codec file in parts (a photograph above 1024x1024, or several images above "
@@ -363,16 +379,17 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @ARITH_OPTION
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
+@SEED_TILES_OPTION
 @JOBS_OPTION
 @METADATA_OPTION
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, steps, tile, device, verify, arith,
-             fallback, no_fallback, jobs, keep_metadata, force, quiet):
+             fallback, no_fallback, seed_tiles, jobs, keep_metadata, force, quiet):
     """Compress images into one .sfc file (-o), or each into its own (-d)."""
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
-            "arith": arith, "fallback": "off" if no_fallback else fallback, "jobs": jobs,
-            "keep_metadata": keep_metadata, "force": force, "skip_existing": skip_existing}
+            "arith": arith, "fallback": _fallback(fallback, no_fallback, seed_tiles), "seed_tiles": seed_tiles,
+            "jobs": jobs, "keep_metadata": keep_metadata, "force": force, "skip_existing": skip_existing}
     how = _one_of(output, output_dir, recursive, skip_existing, force)
     if any(_stdio(i) for i in inputs) and (len(inputs) > 1 or how == "dir"):
         raise UsageError("- (an image on standard input) goes alone, with -o")
@@ -394,6 +411,14 @@ def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, 
         for w in summary.warnings:
             click.echo(w, err=True)
         click.echo(summary.message, err=True)
+
+
+def _fallback(fallback: str, no_fallback: bool, seed_tiles: str) -> str:
+    """--fallback's value (--no-fallback: off), checked against --seed-tiles."""
+    fallback = "off" if no_fallback else fallback
+    if fallback == "seed" and seed_tiles != "chosen":
+        raise UsageError("--seed-tiles goes with the model's stream, which --fallback seed does not code")
+    return fallback
 
 
 def _one_of(output: Path | None, output_dir: Path | None, recursive: bool, skip: bool, force: bool) -> str:
@@ -420,7 +445,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
     mode, device, jobs = o["mode"], o["device"], o["jobs"]
     m = _load_model(o["model"], device, [s.size for s in sources], o["fallback"])
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, o["steps"], o["tile"], device, quiet, o["fallback"], o["arith"], jobs)
+    data, rep = _encode(sources, m, mode, o, quiet)
     enc_s = time.perf_counter() - t0
     verify = o["verify"]
     if verify is None:
@@ -436,7 +461,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
     warnings = _not_kept(sources, inputs)
     warnings += [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
     msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
-           f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep)}] in {enc_s:.1f}s")
+           f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep, o['seed_tiles'])}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
     return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=warnings)
 
@@ -727,6 +752,7 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
 @ARITH_OPTION
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
+@SEED_TILES_OPTION
 @JOBS_OPTION
 @METADATA_OPTION
 @click.option("--each", is_flag=True,
@@ -736,15 +762,16 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
 @click.option("-r", "--recursive", is_flag=True, help="A folder's subfolders' images too.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (each image alone: a list, one object each).")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, jobs, keep_metadata, each, recursive,
-           as_json, quiet):
+def verify(inputs, model, mode, steps, tile, device, arith, fallback, no_fallback, seed_tiles, jobs, keep_metadata, each,
+           recursive, as_json, quiet):
     """Compress and decompress in memory, check the pixels (and metadata) are identical, report size and time.
 
     Several images are one stream, as `compress -o` codes them; a folder (its images; -r: its subfolders'
     too) or --each verifies each image alone, as `compress -d` codes it: nothing is written either way.
     """
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "arith": arith,
-            "fallback": "off" if no_fallback else fallback, "jobs": jobs, "keep_metadata": keep_metadata}
+            "fallback": _fallback(fallback, no_fallback, seed_tiles), "seed_tiles": seed_tiles, "jobs": jobs,
+            "keep_metadata": keep_metadata}
     if each or any(i.is_dir() and not _stdio(i) for i in inputs):
         from cli import batch
         from scoreflow_codec.images import IMAGE_SUFFIXES, RAW_SUFFIXES
@@ -780,7 +807,7 @@ def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
     mode, device, fallback, jobs = o["mode"], o["device"], o["fallback"], o["jobs"]
     m = _load_model(o["model"], device, [s.size for s in sources], fallback)
     t0 = time.perf_counter()
-    data, rep = _encode(sources, m, mode, o["steps"], o["tile"], device, quiet, fallback, o["arith"], jobs)
+    data, rep = _encode(sources, m, mode, o, quiet)
     t1 = time.perf_counter()
     with _progress(api.work_units(api.read_header(data)), "decode", quiet) as tick:
         back = api.decompress(data, m, device=device, progress=tick, jobs=jobs)
@@ -796,7 +823,7 @@ def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
               "encode_s": t1 - t0, "decode_s": t2 - t1, "identical": True,
               "not_kept": {_shown(p): s.not_kept for s, p in zip(sources, inputs) if s.not_kept}}
     msg = (f"{'' if name is None else f'{name}: '}OK: {len(sources)} image(s) -> {len(data)} bytes{_sections(rep)}, "
-           f"{rep.bpd:.3f} bits/dim [{_run_label(mode, m)}{_coded_by(rep)}]; encode {t1 - t0:.1f}s, decode "
+           f"{rep.bpd:.3f} bits/dim [{_run_label(mode, m)}{_coded_by(rep, o['seed_tiles'])}]; encode {t1 - t0:.1f}s, decode "
            f"{t2 - t1:.1f}s; pixels identical" + ("" if not rep.metadata_bytes else ", metadata identical"))
     return Summary(msg, images=rep.num_images, dims=rep.num_dims, bytes=len(data), warnings=_not_kept(sources, inputs),
                    record=record)
@@ -828,7 +855,7 @@ def eval_cmd(inputs, model, device, limit, recursive, no_ode, n_t, rtol, atol, p
     file (and the trainer trains on).
     """
     from cli import batch
-    from scoreflow_codec import api, zoo
+    from scoreflow_codec import api
     from scoreflow_codec.images import IMAGE_SUFFIXES, RAW_SUFFIXES
 
     arrays, names = api.load_eval_inputs(batch.expand(inputs, recursive, IMAGE_SUFFIXES, "image files", RAW_SUFFIXES),

@@ -73,10 +73,22 @@ def full_settings(header: dict) -> tuple[dict, dict]:
             {**FORMAT_DEFAULTS["stream"], **header["stream"]})
 
 
-def default_stream_settings(model, tile: int | None = None) -> stream.StreamSettings:
-    """The stream settings compress uses with a model: its tile size (LoadedModel.tile) unless given."""
-    return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)), seed_tiles="chosen",
-                                 seed_context="image")
+SEED_TILE_CHOICES = ("chosen", "first")  # `sfcodec compress --seed-tiles`
+
+
+def default_stream_settings(model, tile: int | None = None, seed_tiles: str = "chosen") -> stream.StreamSettings:
+    """The stream settings compress uses with a model: its tile size (LoadedModel.tile) unless given.
+
+    seed_tiles: "chosen" (the default), the encoder makes a seed tile of every tile that the seed codec
+    is expected to code in fewer bits than the model, coded in its image's context (on photographs with
+    the shipped `photo` model: every tile); "first", only as many seed tiles as the chain needs to have
+    bits to pop, the first in tile order, each coded alone, and every other tile the model's: the
+    model's own coding of the images (how every stream was coded up to 0.9.13)."""
+    if seed_tiles not in SEED_TILE_CHOICES:
+        raise SfcError(f"unknown seed tiles {seed_tiles!r}; expected chosen or first")
+    chosen = seed_tiles == "chosen"
+    return stream.StreamSettings(tile=int(tile or getattr(model, "tile", 32)), seed_tiles=seed_tiles,
+                                 seed_context="image" if chosen else "tile")
 
 
 def tiles_like(n32: int, tile: int) -> int:
@@ -1123,14 +1135,17 @@ def compress_work_units(sources: list[imgs.SourceImage], model, mode: str, setti
 
 # --- conveniences for the bench -------------------------------------------------------------
 def compress_arrays(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
-                    fallback: bool = False, arith: str = DEFAULT_ARITH, **settings) -> tuple[bytes, CompressReport]:
+                    fallback: bool = False, arith: str = DEFAULT_ARITH, seed_tiles: str = "chosen",
+                    **settings) -> tuple[bytes, CompressReport]:
+    """compress of uint8 arrays; tile and seed_tiles as default_stream_settings, settings the mode's."""
     return compress([imgs.from_array(a) for a in arrays], model, mode, settings or None,
-                    stream_settings=default_stream_settings(model, tile), device=device, fallback=fallback, arith=arith)
+                    stream_settings=default_stream_settings(model, tile, seed_tiles), device=device,
+                    fallback=fallback, arith=arith)
 
 
 def compress_images(arrays: list[np.ndarray], model, mode: str = "ode", device: str = "cpu", tile: int | None = None,
-                    fallback: bool = False, arith: str = DEFAULT_ARITH, **settings) -> bytes:
-    return compress_arrays(arrays, model, mode, device, tile, fallback, arith, **settings)[0]
+                    fallback: bool = False, arith: str = DEFAULT_ARITH, seed_tiles: str = "chosen", **settings) -> bytes:
+    return compress_arrays(arrays, model, mode, device, tile, fallback, arith, seed_tiles, **settings)[0]
 
 
 def decompress_arrays(data: bytes, model, device: str = "cpu") -> list[np.ndarray]:

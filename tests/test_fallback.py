@@ -2,6 +2,8 @@
 codec alone (whole images as single tiles) is smaller, and either decodes through the same path.
 "both" codes both; "auto" (the CLI's default) skips the model's stream where the model is not
 expected to make a smaller file."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -710,3 +712,48 @@ def test_cli_says_why_a_grey_image_has_no_model_stream(tmp_path, monkeypatch, mo
     assert ("the model's stream was not coded: grey images, which the model codes as colour images whose colour "
             "is latent, at a loss (--fallback both codes it anyway)") in r.output, r.output
     assert images.to_pil(api.decompress(out.read_bytes(), None)[0]).tobytes() == Image.open(png).tobytes()
+
+
+def test_cli_seed_tiles_first_gives_the_model_every_tile_but_the_first(tmp_path, monkeypatch, model):
+    """--seed-tiles first (with --no-fallback: a model's own coding). Where the encoder's choice leaves
+    every tile of a noise image to the seed codec (the model's narrow Gaussians code noise far worse),
+    "first" makes only the tiles the chain needs seed tiles and gives the model the rest, the summary
+    says how many; verify codes the same file; a one-tile image is all seed tiles and the line says
+    why; with --fallback seed the option is a usage error."""
+    from cli import main as cli_main
+    monkeypatch.setattr(cli_main, "_load_model", lambda *a, **k: model)
+    png, one = tmp_path / "noise.png", tmp_path / "one.png"
+    noise = np.random.default_rng(3).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(png)
+    Image.fromarray(noise[:32, :32]).save(one)
+    runner = CliRunner()
+    base = ["--steps", "32", "--mode", "ode", "--no-fallback"]
+    lines, files = {}, {}
+    for how in ("chosen", "first"):
+        out = tmp_path / f"{how}.sfc"
+        r = runner.invoke(cli_main.cli, ["compress", str(png), "-o", str(out), *base, "--seed-tiles", how])
+        assert r.exit_code == 0, r.output
+        lines[how], files[how] = r.output, out.read_bytes()
+    head = container.unpack(files["first"])[0]["stream"]
+    assert head.get("seed_tiles", "first") == "first" and head.get("seed_context", "tile") == "tile", head
+    rep = api.compress([images.load_image(png)], model, "ode", SETTINGS, fallback="off",
+                       stream_settings=api.default_stream_settings(model, seed_tiles="first"))[1]
+    n_model = rep.stream.n_tiles - rep.stream.n_seed
+    assert rep.stream.n_tiles == 12 and 0 < n_model < 12
+    assert f"model's stream, {n_model} of 12 tiles the model's" in lines["first"], lines["first"]
+    assert "every tile of the model's stream a seed tile" in lines["chosen"] and "--seed-tiles first" in lines["chosen"], lines["chosen"]
+    back = api.decompress(files["first"], model)[0]
+    assert np.array_equal(images.to_array(back), noise)
+    assert len(files["first"]) > len(files["chosen"])
+    r = runner.invoke(cli_main.cli, ["verify", str(png), *base, "--seed-tiles", "first", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["bytes"] == len(files["first"])
+    r = runner.invoke(cli_main.cli, ["compress", str(one), "-o", str(tmp_path / "one.sfc"), *base,
+                                     "--seed-tiles", "first"])
+    assert r.exit_code == 0 and "model's stream of 1 tile(s) is all seed tiles" in r.output, r.output
+    for cmd in (["compress", str(png), "-o", str(tmp_path / "s.sfc")], ["verify", str(png)]):
+        r = runner.invoke(cli_main.cli, [*cmd, "--fallback", "seed", "--seed-tiles", "first"])
+        assert r.exit_code == 2 and "--seed-tiles goes with the model's stream" in r.output, r.output
+    assert not (tmp_path / "s.sfc").exists()
+    with pytest.raises(api.SfcError, match="unknown seed tiles 'last'"):
+        api.default_stream_settings(model, seed_tiles="last")
