@@ -32,7 +32,9 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-DATA = Path(os.environ.get("SFC_SHARED_DATA", REPO.parent / "shared" / "data"))
+from bench.datasets import shared_data_dir  # noqa: E402
+
+DATA = shared_data_dir()
 
 
 def make16(path: Path, scale: float, kind: str, size: tuple[int, int] | None = None) -> np.ndarray:

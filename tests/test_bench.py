@@ -507,10 +507,10 @@ def test_mixed_grey_reports_the_file(monkeypatch, tmp_path, capsys):
         mixed_grey.main(["cifar", "--fallback", "both"])
 
 
-def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys):
+def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
     """bench/own_stream.py: each image its own stream with seed tiles "first" (only as many as the chain
     needs), decoded identical: a 128x128 noisy image of sixteen 32px tiles through cifar10 at 4 steps has
-    model tiles."""
+    model tiles; a decode that differs raises and prints no line."""
     from bench import own_stream
 
     rng = np.random.default_rng(2)
@@ -520,3 +520,16 @@ def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys):
     assert out["identical"] and out["model"] == "cifar10" and out["threads"] == 1
     assert out["seed_tiles"][1] == 16 and out["seed_tiles"][0] < 16
     assert out["bpd"] == pytest.approx(8 * out["bytes"] / (128 * 128 * 3))
+    from scoreflow_codec import api
+    from scoreflow_codec.errors import DecodeMismatchError
+
+    real = api.decompress
+
+    def flipped(data, *a, **k):  # a decode that differs is never reported as a file
+        back = real(data, *a, **k)
+        back[0].color[0, 0, 0] ^= 1
+        return back
+    monkeypatch.setattr(api, "decompress", flipped)
+    with pytest.raises(DecodeMismatchError):
+        own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1"])
+    assert capsys.readouterr().out == ""
