@@ -72,6 +72,8 @@ def test_scoreflow_label_names_the_steps_coded_with():
     assert f" steps={api.default_settings('chain')['steps']} " in scoreflow_label(args, plain)
     args.sf_settings = {"steps": 8, "arith": "float32"}
     assert scoreflow_label(args, own) == "model=m mode=chain steps=8 device=cpu arith=float32"
+    args.sf_settings = {"fallback": "off", "seed_tiles": "first"}  # the model's own coding: said
+    assert scoreflow_label(args, own) == "model=m mode=chain steps=24 device=cpu arith=exact64 seed_tiles=first"
     args.mode, args.sf_settings = "ode", {}
     assert f" steps={api.default_settings('ode')['steps']} " in scoreflow_label(args, own)
 

@@ -740,6 +740,9 @@ def test_cli_seed_tiles_first_gives_the_model_every_tile_but_the_first(tmp_path,
                        stream_settings=api.default_stream_settings(model, seed_tiles="first"))[1]
     n_model = rep.stream.n_tiles - rep.stream.n_seed
     assert rep.stream.n_tiles == 12 and 0 < n_model < 12
+    for how, seed in (("first", rep.stream.n_seed), ("chosen", 12)):  # the bench's way: compress_arrays
+        got = api.compress_arrays([noise], model, "ode", fallback="off", seed_tiles=how, **SETTINGS)[1]
+        assert got.stream.n_seed == seed, how
     assert f"model's stream, {n_model} of 12 tiles the model's" in lines["first"], lines["first"]
     assert "every tile of the model's stream a seed tile" in lines["chosen"] and "--seed-tiles first" in lines["chosen"], lines["chosen"]
     back = api.decompress(files["first"], model)[0]
