@@ -1,6 +1,6 @@
 """sfcodec: lossless image compression with score-based diffusion models.
 
-Exit codes: 0 ok, 1 internal error, 2 usage error, 3 bad/unsupported input image,
+Exit codes: 0 ok, 1 internal error or a failed write (disk full), 2 usage error, 3 bad/unsupported input image,
 4 corrupt/truncated/foreign .sfc file, 5 model missing or not the file's model,
 6 output exists (use --force), 7 decode did not reproduce the pixels (nothing written),
 130 interrupted, 141 standard output closed early (`sfcodec info f.sfc | head -1`; quietly, as
@@ -21,8 +21,8 @@ import click
 from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
 from scoreflow_codec.errors import (BadFileError, BadImageError, OutputExistsError, OutputPresentError, SfcError,
-                                    UsageError)
-from scoreflow_codec.fileio import atomic_write
+                                    UsageError, WriteError)
+from scoreflow_codec.fileio import atomic_write, is_special
 
 EPILOG_COMPRESS = """\b
 Examples:
@@ -70,7 +70,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, epilog="Exit codes: 0 ok, 2 usage, 3 bad image, 4 bad .sfc file, 5 model "
-                                "missing/mismatch, 6 output exists, 7 decode mismatch, 1 internal error.")
+                                "missing/mismatch, 6 output exists, 7 decode mismatch, 1 write failed or internal error.")
 @click.version_option(__version__, prog_name="sfcodec")
 @click.option("-v", "--verbose", is_flag=True, help="Log what happens.")
 def cli(verbose: bool) -> None:
@@ -92,6 +92,8 @@ def _check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
             raise OutputExistsError(f"{path}: output would overwrite an input")
     if path.is_dir():
         raise OutputExistsError(f"{path} is a directory; give a file name")
+    if is_special(path):  # /dev/null, a FIFO: written into, nothing of the user's replaced (atomic_write)
+        return
     if path.exists() and not force:
         raise OutputPresentError(f"{path} exists (use --force to overwrite)")
     if not path.parent.exists():
@@ -258,7 +260,10 @@ def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
             mtime = like[0].stat().st_mtime_ns
         except OSError:
             pass
-    atomic_write(path, data, mtime)
+    try:
+        atomic_write(path, data, mtime)
+    except OSError as e:  # a full disk, no permission, a read-only file system: nothing is left behind
+        raise WriteError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 def _stdin_image():
@@ -514,8 +519,8 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
 @SKIP_OPTION
 @click.option("--format", "fmt", type=click.Choice(["png", "tif", "webp", "bmp"]), default=None,
               help="With -d (and -o DIR): the images' format (default: each image's input's where that is "
-                   "lossless and holds it, .tif, .webp, .bmp, .ppm or .png, else png); with -o -: the format "
-                   "(default png); with -o FILE the file name's suffix says it.")
+                   "lossless and holds it, .tif, .webp, .bmp, .ppm or .png, else png); with -o - or a device or pipe "
+                   "(-o /dev/null): the format (default png); with -o FILE the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
 @click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
@@ -540,11 +545,13 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
         raise UsageError(f"{len(inputs)} .sfc files and one -o: give -d DIR to decompress each into DIR")
     if inputs[0].is_dir():
         raise BadFileError(f"{inputs[0]}: is a directory (-d DIR decodes each .sfc file in it)")
-    if _stdio(output):
-        _check_stdout()
+    if _stdio(output) or is_special(output):  # a device or a pipe (/dev/null) has no suffix: --format's
+        if _stdio(output):
+            _check_stdout()
         opts["format"] = fmt or "png"
     elif fmt is not None:
-        raise UsageError("--format goes with -d or -o -; with -o FILE the file name's suffix gives the format")
+        raise UsageError("--format goes with -d, -o - or a device (-o /dev/null); with -o FILE the file name's "
+                         "suffix gives the format")
     summary = _decompress_file(inputs[0], output, opts, quiet)
     if not quiet:
         for w in summary.warnings:
@@ -584,10 +591,12 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     suffix = None  # several images into a directory: each its input's format (images.same_format), or --format's
     if o.get("batch") and n > 1:  # -d: DIR/stem.png for one image, DIR/stem/ for several
         output, suffix = output.with_suffix(""), "." + o["format"] if o.get("format") else None
-    if _stdio(output):
+    stream_out = _stdio(output) or (not o.get("batch") and is_special(output))  # standard output, /dev/null
+    if stream_out:
+        where = "standard output" if _stdio(output) else str(output)
         if n > 1:
-            raise UsageError(f"{_shown(input)}: the file holds {n} images and standard output takes one: give -o DIR")
-        targets = [Path(f"<stdout> as .{o['format']}")]  # the format's checks below; written to standard output
+            raise UsageError(f"{_shown(input)}: the file holds {n} images and {where} takes one: give -o DIR")
+        targets = [Path(f"{'<stdout>' if _stdio(output) else output} as .{o['format']}")]  # checked below
     elif n == 1 and (o.get("batch") or not output.is_dir()):
         targets = [output]
     else:
@@ -603,7 +612,7 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
         if mode in deep.MODES and images.LOSSLESS_SAVE[t.suffix.lower()] not in deep.WRITTEN_AS[mode]:
             raise UsageError(f"{t.name}: the image is 16-bit ({mode}): the output must be "
                              f"{' or '.join('.' + f.lower().replace('tiff', 'tif') for f in deep.WRITTEN_AS[mode])}")
-        if not _stdio(output) and (t.parent != output or output.exists()):
+        if not stream_out and (t.parent != output or output.exists()):
             _check_output(t, o["force"], [input])
     m = None  # a seed-only file decodes without a model (--model is then not needed, and unused)
     if api.needs_model(header):
@@ -614,9 +623,12 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     warnings: list[str] = []
     blobs = [_image_bytes(s, t, warnings) for s, t in zip(sources, targets)]
     if len(targets) > 1 or targets[0].parent == output:
-        output.mkdir(parents=True, exist_ok=True)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # as batch.run says it
+            raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
     for b, t in zip(blobs, targets):
-        _write(output if _stdio(output) else t, b, [input])
+        _write(output if stream_out else t, b, [input])
     return Summary(f"{_shown(input)}: {n} image(s) decoded in {time.perf_counter() - t0:.1f}s, pixels verified (CRC)",
                    images=n, dims=sum(s.num_dims for s in sources), bytes=len(data), warnings=warnings)
 

@@ -67,6 +67,13 @@ class OutputPresentError(OutputExistsError):
     """The output file exists and --force was not given: what `sfcodec -d --skip-existing` skips."""
 
 
+class WriteError(SfcError):
+    """An output that could not be written (a full disk, no permission, a read-only file system): the
+    system's reason in one line, exit code 1, and no partial file left (fileio.atomic_write)."""
+
+    exit_code = 1
+
+
 class DecodeMismatchError(SfcError):
     """Decoding did not reproduce the encoder's pixels (CRC mismatch): nothing is written."""
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -13,6 +14,16 @@ def _umask() -> int:
 
 
 _unfinished: set[str] = set()  # the temporary files atomic_write is writing in this process
+
+
+def is_special(path: str | os.PathLike) -> bool:
+    """Whether path exists and is neither a regular file nor a directory (a device such as /dev/null, a
+    FIFO, a socket), after symbolic links."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def remove_unfinished() -> None:
@@ -31,8 +42,16 @@ def atomic_write(path: str | os.PathLike, data: bytes, mtime_ns: int | None = No
     The file gets the permissions a plain open() would give (0666 minus the umask), not
     mkstemp's private 0600; with mtime_ns, that modification (and access) time, set before the rename
     (sfcodec: the input's, as gzip, xz and zstd keep it; 0.9.30).
+
+    A path that is a device or a pipe (/dev/null, a FIFO: is_special) is written into, as cp does, never
+    replaced by a file (before 0.9.34, run as root, `-o /dev/null --force` replaced the device with a
+    regular file); its dates are left alone.
     """
     path = Path(path)
+    if is_special(path):
+        with open(path, "wb") as f:
+            f.write(data)
+        return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     _unfinished.add(tmp)
     try:

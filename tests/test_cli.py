@@ -429,6 +429,79 @@ def test_standard_input_and_output(tmp_path):
     assert r.stdout_bytes == back.read_bytes()
 
 
+
+def _drain(fifo: Path):
+    """A reader of the FIFO on a thread -> (thread, the bytes list it fills); _release unblocks it."""
+    import threading
+
+    got: list[bytes] = []
+    t = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    t.start()
+    return t, got
+
+
+def _release(fifo: Path, t) -> None:
+    """Open the FIFO for writing and close it, so that a reader still waiting on it (a failed test) ends."""
+    if t.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    t.join(5)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
+def test_a_device_or_pipe_output_is_written_into_never_replaced(tmp_path):
+    """-o a FIFO (a device such as /dev/null alike: fileio.is_special): compress writes the file into it,
+    without --force, and it stays a FIFO (before 0.9.34 the output was renamed over it: as root,
+    `-o /dev/null --force` replaced the device with a file); decompress writes the image into it in
+    --format's format (png by default); a file of several images goes to no such output."""
+    import stat
+
+    pngs = [save_png(Image.fromarray(_smooth_rgb(8, 12, seed=k), "RGB"), tmp_path / f"{k}.png") for k in range(2)]
+    assert_ok(sfcodec("compress", pngs[0], "-o", tmp_path / "a.sfc", "--fallback", "seed", "-q"))
+    assert_ok(sfcodec("compress", *pngs, "-o", tmp_path / "two.sfc", "--fallback", "seed", "-q"))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for args, check in (
+            (("compress", pngs[0], "-o", fifo, "--fallback", "seed", "-q"),
+             lambda b: b == (tmp_path / "a.sfc").read_bytes()),
+            (("decompress", tmp_path / "a.sfc", "-o", fifo, "-q"),
+             lambda b: b[:8] == b"\x89PNG\r\n\x1a\n" and np.array_equal(np.asarray(Image.open(io.BytesIO(b))),
+                                                                       np.asarray(Image.open(pngs[0])))),
+            (("decompress", tmp_path / "a.sfc", "-o", fifo, "--format", "tif", "-q"),
+             lambda b: Image.open(io.BytesIO(b)).format == "TIFF")):
+        t, got = _drain(fifo)
+        try:
+            assert_ok(sfcodec(*args))
+        finally:
+            _release(fifo, t)
+        assert got and check(got[0]), args
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", fifo), EXIT["usage"], "2 images", "-o DIR")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_write_that_fails_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
+    """A full disk (or no permission) while writing the output: one error line with the system's reason,
+    exit 1, not an "internal error"; the old output (--force) is kept whole and no temporary file is left."""
+    from scoreflow_codec import fileio
+
+    png = save_png(Image.fromarray(_smooth_rgb(8, 12), "RGB"), tmp_path / "a.png")
+    out = tmp_path / "a.sfc"
+    out.write_bytes(b"precious")
+    assert_ok(sfcodec("compress", png, "-o", tmp_path / "b.sfc", "--fallback", "seed", "-q"))
+    before = listing(tmp_path)
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    r = sfcodec("compress", png, "-o", out, "--fallback", "seed", "--force")
+    assert_error(r, 1, "a.sfc: cannot write: No space left on device")
+    assert "internal error" not in r.stderr
+    r = sfcodec("decompress", tmp_path / "b.sfc", "-o", tmp_path / "c.png")
+    assert_error(r, 1, "c.png: cannot write: No space left on device")
+    assert listing(tmp_path) == before
+
+
 def test_standard_input_and_output_refuse_what_they_cannot_do(tmp_path, monkeypatch):
     """'-' goes alone and with -o; a .sfc of several images does not fit standard output; what is on
     standard input is checked as a file is (one line naming <stdin>, its exit code); nothing is written to a

@@ -69,3 +69,23 @@ def test_the_modification_time_given_is_the_files_from_the_start(tmp_path, monke
     assert seen == [t] and (tmp_path / "f").stat().st_mtime_ns == t and (tmp_path / "f").read_bytes() == b"x"
     atomic_write(tmp_path / "g", b"y")
     assert abs((tmp_path / "g").stat().st_mtime_ns - seen[-1]) < 10**9 and seen[-1] != t  # now
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
+def test_a_pipe_is_written_into_not_replaced(tmp_path):
+    """is_special: a FIFO (or a device such as /dev/null) is, a file, a folder, a missing path are not;
+    atomic_write writes into a FIFO and leaves it a FIFO, with no temporary file beside it."""
+    import threading
+
+    fifo, plain = tmp_path / "pipe", tmp_path / "plain"
+    os.mkfifo(fifo)
+    plain.write_bytes(b"")
+    assert fileio.is_special(fifo) and fileio.is_special(os.devnull)
+    assert not any(map(fileio.is_special, (plain, tmp_path, tmp_path / "missing")))
+    got = []
+    t = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    t.start()
+    atomic_write(fifo, b"through the pipe", mtime_ns=10**18)
+    t.join(5)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and _names(tmp_path) == ["pipe", "plain"]
