@@ -478,6 +478,9 @@ def test_a_device_or_pipe_output_is_written_into_never_replaced(tmp_path):
         assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", fifo), EXIT["usage"], "2 images", "-o DIR")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    # a folder for several images that cannot be made (under a file): one line, as -d says it
+    assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", pngs[0] / "sub"), EXIT["usage"],
+                 "cannot make the directory")
 
 
 def test_a_write_that_fails_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
