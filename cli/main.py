@@ -20,8 +20,8 @@ import click
 
 from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
-from scoreflow_codec.errors import (BadFileError, BadImageError, OutputExistsError, OutputPresentError, SfcError,
-                                    UsageError, WriteError)
+from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, OutputExistsError, OutputPresentError,
+                                    SfcError, UsageError, WriteError)
 from scoreflow_codec.fileio import atomic_write, is_special
 
 EPILOG_COMPRESS = """\b
@@ -281,6 +281,18 @@ def _stdin_image():
             return images.load_image(tmp)
         except SfcError as e:
             raise type(e)(str(e).replace(str(tmp), STDIO_NAME)) from None
+
+
+@contextmanager
+def _naming(path):
+    """A .sfc file's own errors (not a .sfc file, truncated, corrupt, another model's) name the file where
+    their message does not, as compress's name the image and batch.error_line names each of several."""
+    try:
+        yield
+    except (BadFileError, ModelError) as e:
+        if _shown(path) in str(e):
+            raise
+        raise type(e)(f"{_shown(path)}: {e}") from None
 
 
 def _read_sfc(path: Path) -> bytes:
@@ -552,7 +564,8 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
     elif fmt is not None:
         raise UsageError("--format goes with -d, -o - or a device (-o /dev/null); with -o FILE the file name's "
                          "suffix gives the format")
-    summary = _decompress_file(inputs[0], output, opts, quiet)
+    with _naming(inputs[0]):
+        summary = _decompress_file(inputs[0], output, opts, quiet)
     if not quiet:
         for w in summary.warnings:
             click.echo(w, err=True)
@@ -648,8 +661,9 @@ def info(inputs, as_json, recursive):
     one = len(inputs) == 1 and not inputs[0].is_dir()  # a folder's files are listed, however many
     inputs = batch.expand(inputs, recursive, frozenset({".sfc"}), ".sfc files")
     if one:
-        data = _read_sfc(inputs[0])
-        h = api.read_header(data)
+        with _naming(inputs[0]):
+            data = _read_sfc(inputs[0])
+            h = api.read_header(data)
         if as_json:
             click.echo(json.dumps(h, indent=2, sort_keys=True))
         else:
