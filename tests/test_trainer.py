@@ -141,6 +141,9 @@ def test_folder_data_random_crops_and_scales(tmp_path):
     a0 = CropSampler(imgs, 32, rank=0, world=2).images
     a1 = CropSampler(imgs, 32, rank=1, world=2).images
     assert len(a0) + len(a1) == 3
+    # one image file is not a data set: say what is (before 0.9.34 "no images found" for a PNG)
+    with pytest.raises(ValueError, match="0.png: not an .npz file or a folder of images"):
+        load_images(tmp_path / "0.png")
 
 
 def _torchrun(cmd: list[str], timeout: float, log: Path) -> subprocess.CompletedProcess:

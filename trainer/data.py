@@ -31,6 +31,8 @@ def load_images(path: str | Path) -> list[np.ndarray]:
         if a.dtype != np.uint8 or a.ndim != 4:
             raise ValueError(f"{p}: 'images' must be uint8 [N, H, W, C]")
         return list(a[..., :3]) if a.shape[-1] >= 3 else [np.repeat(x, 3, -1) for x in a]
+    if not p.is_dir():
+        raise ValueError(f"{p}: not an .npz file or a folder of images (give the folder that holds it)")
     files = folder_files(p, recursive=True)  # hidden files and folders left out, as sfcodec -d -r does
     if not files:
         raise ValueError(f"{p}: no images found")
