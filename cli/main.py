@@ -843,6 +843,7 @@ def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
               "images": len(sources), "bytes": len(data), "metadata_bytes": rep.metadata_bytes,
               "low_bytes": rep.low_bytes, "bpd": rep.bpd, "mode": mode, "model": m.name if m else None,
               "coded_by": rep.coded_by, "model_bytes": rep.model_bytes, "seed_bytes": rep.seed_bytes,
+              "tiles": rep.stream.n_tiles, "seed_tiles": rep.stream.n_seed,
               "model_estimate_bpd": rep.model_estimate_bpd,
               "model_estimate_tiles": None if rep.model_estimate is None else rep.model_estimate.units,
               "model_saving_bits": None if rep.model_saving is None else rep.model_saving.bits,

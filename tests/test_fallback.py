@@ -750,7 +750,8 @@ def test_cli_seed_tiles_first_gives_the_model_every_tile_but_the_first(tmp_path,
     assert len(files["first"]) > len(files["chosen"])
     r = runner.invoke(cli_main.cli, ["verify", str(png), *base, "--seed-tiles", "first", "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["bytes"] == len(files["first"])
+    rec = json.loads(r.stdout)
+    assert rec["bytes"] == len(files["first"]) and (rec["tiles"], rec["seed_tiles"]) == (12, rep.stream.n_seed)
     r = runner.invoke(cli_main.cli, ["compress", str(one), "-o", str(tmp_path / "one.sfc"), *base,
                                      "--seed-tiles", "first"])
     assert r.exit_code == 0 and "model's stream of 1 tile(s) is all seed tiles" in r.output, r.output
