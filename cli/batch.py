@@ -141,9 +141,13 @@ def attempt(fn: Callable, inputs, output: Path, opts: dict) -> Outcome:
 def file_need(inputs, opts: dict, verb: str) -> int:
     """An estimate of the memory (bytes) of the process that codes this task's file with opts["jobs"]
     processes (its parts' processes and the encoder's second analysis process included), from the
-    image's or the .sfc file's header; PROCESS_BYTES where that cannot be read (the file fails at once)."""
+    image's or the .sfc file's header; PROCESS_BYTES where that cannot be read (the file fails at once); for a
+    pipe, which can be read once, PROCESS_BYTES + MODEL_BYTES."""
     from scoreflow_codec import api, container, deep, images
+    from scoreflow_codec.fileio import is_special
 
+    if is_special(_name(inputs)):  # a pipe is read once, by the task itself
+        return PROCESS_BYTES + MODEL_BYTES
     try:
         if verb in ("compressed", "verified"):
             sizes, model = [images.peek(_name(inputs))], opts.get("fallback") != "seed"

@@ -208,7 +208,8 @@ def _sections(rep) -> str:
 def _load_images(paths, keep_metadata: bool) -> list:
     from scoreflow_codec import images
 
-    sources = [_stdin_image() if _stdio(p) else images.load_image(p) for p in paths]
+    sources = [_stdin_image() if _stdio(p) else _piped_image(p) if is_special(p) else images.load_image(p)
+               for p in paths]
     if not keep_metadata:  # the pixels alone, as asked: nothing kept, nothing to say was not
         for s in sources:
             s.metadata, s.not_kept = {}, []
@@ -255,7 +256,7 @@ def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
         out.flush()
         return
     mtime = None
-    if len(like) == 1 and not _stdio(like[0]):
+    if len(like) == 1 and not _stdio(like[0]) and not is_special(like[0]):  # a pipe's date means nothing
         try:
             mtime = like[0].stat().st_mtime_ns
         except OSError:
@@ -269,18 +270,34 @@ def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
 def _stdin_image():
     """The image on standard input: read whole, through a temporary file (as load_image reads every
     kind), its errors naming <stdin>."""
+    return _image_of_bytes(_read_stdin("an image"), STDIO_NAME)
+
+
+def _piped_image(path: Path):
+    """The image in a named pipe or a device (`sfcodec compress <(curl ...)`, a FIFO: fileio.is_special),
+    which can be read once: read whole, as standard input is (0.9.34; load_image opened it a second time
+    for the metadata, and waited for a writer that never came)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise BadImageError(f"{path}: cannot read: {e.strerror or e}") from None
+    return _image_of_bytes(data, str(path))
+
+
+def _image_of_bytes(data: bytes, name: str):
+    """An image read whole into memory: loaded through a temporary file (as load_image reads every kind),
+    its errors naming `name`."""
     import tempfile
 
     from scoreflow_codec import images
 
-    data = _read_stdin("an image")
     with tempfile.TemporaryDirectory(prefix="sfcodec-") as d:
         tmp = Path(d) / "stdin"
         tmp.write_bytes(data)
         try:
             return images.load_image(tmp)
         except SfcError as e:
-            raise type(e)(str(e).replace(str(tmp), STDIO_NAME)) from None
+            raise type(e)(str(e).replace(str(tmp), name)) from None
 
 
 @contextmanager
@@ -476,7 +493,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
         api.check_identical(sources, back)
     _write(output, data, inputs)
     warnings = _not_kept(sources, inputs)
-    warnings += [] if any(map(_stdio, inputs)) else _larger_than_inputs(output, len(data), inputs)
+    warnings += [] if any(_stdio(i) or is_special(i) for i in inputs) else _larger_than_inputs(output, len(data), inputs)
     msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
            f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep, o['seed_tiles'])}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
@@ -575,9 +592,12 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
 def _sfc_suffix(path: Path) -> str:
     """-d's output suffix for a .sfc file without --format (0.9.31): its image's input's format, as the
     header's file name says (images.same_format); .png for a file of several images (a directory then, each
-    image by its own name) or one whose header cannot be read (it fails on its own)."""
+    image by its own name) or one whose header cannot be read (it fails on its own), or a pipe's (read once,
+    when it is decoded)."""
     from scoreflow_codec import api, container, images
 
+    if is_special(path):
+        return ".png"
     try:
         h = api.read_header(container.head(path))
     except (SfcError, OSError):

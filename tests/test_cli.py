@@ -483,6 +483,66 @@ def test_a_device_or_pipe_output_is_written_into_never_replaced(tmp_path):
                  "cannot make the directory")
 
 
+
+def _feed(fifo: Path, data: bytes):
+    """A writer of data into the FIFO on a thread (it waits for a reader) -> the thread; _release ends it."""
+    import threading
+
+    def write():
+        with contextlib.suppress(OSError), open(fifo, "wb") as f:
+            f.write(data)
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    return t
+
+
+def _unfeed(fifo: Path, t) -> None:
+    """Open the FIFO for reading and close it, so that a writer still waiting on it (a failed test) ends."""
+    if t.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    t.join(5)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
+def test_an_input_from_a_pipe_is_read_once(tmp_path):
+    """An input that is a named pipe (`sfcodec compress <(curl ...)`: /dev/fd/N) can be read only once: compress,
+    verify and decompress read it whole, as standard input (before 0.9.34 compress opened it again for the
+    metadata and waited for ever); the same file as from the image itself, bar the name it records."""
+    png = save_png(Image.fromarray(_smooth_rgb(8, 12), "RGB"), tmp_path / "a.png")
+    assert_ok(sfcodec("compress", png, "-o", tmp_path / "a.sfc", "--fallback", "seed", "-q"))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    runs = ((png.read_bytes(), ("compress", fifo, "-o", tmp_path / "p.sfc", "--fallback", "seed")),
+            (png.read_bytes(), ("verify", fifo, "--fallback", "seed")),
+            ((tmp_path / "a.sfc").read_bytes(), ("decompress", fifo, "-o", tmp_path / "p.png")),
+            (png.read_bytes(), ("compress", fifo, "-d", tmp_path / "d", "--fallback", "seed", "--jobs", "1")),
+            (b"not an image", ("compress", fifo, "-o", tmp_path / "bad.sfc", "--fallback", "seed")))
+    import threading
+
+    results = []
+    for data, args in runs:
+        t = _feed(fifo, data)
+        run = threading.Thread(target=lambda: results.append(sfcodec(*args)), daemon=True)
+        run.start()
+        run.join(120)
+        hung = run.is_alive()
+        if hung:  # a second open of the pipe waits for a writer: give it an empty one, and fail
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            run.join(30)
+        _unfeed(fifo, t)
+        assert not hung, f"{args[0]} waited for ever on the pipe"
+    for r in results[:-1]:
+        assert_ok(r)
+    assert_error(results[-1], EXIT["image"], "pipe: not an image")
+    a, p = (api.read_header((tmp_path / n).read_bytes()) for n in ("a.sfc", "p.sfc"))
+    assert p["crc32"] == a["crc32"] and p["meta"]["0"]["name"] == "pipe"
+    assert api.read_header((tmp_path / "d" / "pipe.sfc").read_bytes())["crc32"] == a["crc32"]
+    assert_same_pixels(png, tmp_path / "p.png")
+    assert not (tmp_path / "bad.sfc").exists()
+
+
 def test_a_write_that_fails_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
     """A full disk (or no permission) while writing the output: one error line with the system's reason,
     exit 1, not an "internal error"; the old output (--force) is kept whole and no temporary file is left."""
