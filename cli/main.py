@@ -256,7 +256,7 @@ def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
         out.flush()
         return
     mtime = None
-    if len(like) == 1 and not _stdio(like[0]) and not is_special(like[0]):  # a pipe's date means nothing
+    if len(like) == 1 and not _stdio(like[0]):
         try:
             mtime = like[0].stat().st_mtime_ns
         except OSError:

@@ -517,6 +517,7 @@ def test_an_input_from_a_pipe_is_read_once(tmp_path):
             (png.read_bytes(), ("verify", fifo, "--fallback", "seed")),
             ((tmp_path / "a.sfc").read_bytes(), ("decompress", fifo, "-o", tmp_path / "p.png")),
             (png.read_bytes(), ("compress", fifo, "-d", tmp_path / "d", "--fallback", "seed", "--jobs", "1")),
+            ((tmp_path / "a.sfc").read_bytes(), ("decompress", fifo, "-d", tmp_path / "dd", "--jobs", "1")),
             (b"not an image", ("compress", fifo, "-o", tmp_path / "bad.sfc", "--fallback", "seed")))
     import threading
 
@@ -540,6 +541,7 @@ def test_an_input_from_a_pipe_is_read_once(tmp_path):
     assert p["crc32"] == a["crc32"] and p["meta"]["0"]["name"] == "pipe"
     assert api.read_header((tmp_path / "d" / "pipe.sfc").read_bytes())["crc32"] == a["crc32"]
     assert_same_pixels(png, tmp_path / "p.png")
+    assert_same_pixels(png, tmp_path / "dd" / "pipe.png")
     assert not (tmp_path / "bad.sfc").exists()
 
 
