@@ -543,6 +543,13 @@ def test_an_input_from_a_pipe_is_read_once(tmp_path):
     assert_same_pixels(png, tmp_path / "p.png")
     assert_same_pixels(png, tmp_path / "dd" / "pipe.png")
     assert not (tmp_path / "bad.sfc").exists()
+    from cli import batch  # -d's memory estimate of a file among several does not read a pipe (it would take its data)
+
+    t = _feed(fifo, png.read_bytes())
+    try:
+        assert batch.file_need([fifo], {"fallback": "seed"}, "compressed") == batch.PROCESS_BYTES + batch.MODEL_BYTES
+    finally:
+        _unfeed(fifo, t)
 
 
 def test_a_write_that_fails_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
