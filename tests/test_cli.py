@@ -500,7 +500,9 @@ def _unfeed(fifo: Path, t) -> None:
     """Open the FIFO for reading and close it, so that a writer still waiting on it (a failed test) ends."""
     if t.is_alive():
         with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+            fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            t.join(5)  # the reader open while the writer writes its bytes and closes
+            os.close(fd)
     t.join(5)
 
 
