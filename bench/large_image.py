@@ -45,7 +45,11 @@ def _load(path: Path | None, size: tuple[int, int] | None, crop: bool) -> np.nda
         path = DATA / "kodak" / "kodim01.png"
         if not path.exists():
             raise SystemExit(f"large_image: no --image and {path} is missing (set SFC_SHARED_DATA)")
-    img = Image.open(path).convert("RGB")
+    try:
+        with Image.open(path) as im:
+            img = im.convert("RGB")
+    except (OSError, ValueError) as e:  # missing, not an image: one line, exit 2
+        raise SystemExit(f"large_image: {path}: not an image Pillow can read ({e.__class__.__name__})") from None
     if size is not None and img.size != size:
         if crop and img.size[0] >= size[0] and img.size[1] >= size[1]:
             img = img.crop((0, 0, size[0], size[1]))
@@ -83,7 +87,10 @@ def main(argv=None) -> int:
     from bench import scoreflow_runner
     from scoreflow_codec import api, images
 
-    w, h = (int(v) for v in args.size.lower().split("x"))
+    try:
+        w, h = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        ap.error(f"--size {args.size!r}: expected WxH, e.g. 4000x3000")
     if args.bits == 16:
         from bench.deep16 import make16
 
@@ -92,7 +99,10 @@ def main(argv=None) -> int:
     else:
         arr = _load(args.image, (w, h), args.crop)
     src = images.from_array(arr)
-    model = scoreflow_runner.load_model(args.model, args.device, [(w, h)])  # "auto": as sfcodec picks
+    try:
+        model = scoreflow_runner.load_model(args.model, args.device, [(w, h)])  # "auto": as sfcodec picks
+    except scoreflow_runner.ScoreflowError as e:
+        raise SystemExit(f"large_image: {e}") from None
     settings = {"steps": args.steps} if args.steps else None
     rss_start = _peak_rss_mib()
 

@@ -35,11 +35,16 @@ def main(argv=None) -> int:
     import torch
 
     from scoreflow_codec import api, images, zoo
+    from scoreflow_codec.errors import BadImageError, ModelError
 
     torch.set_num_threads(a.threads)
     for path in a.images:
-        src = [images.load_image(path)]
-        model = zoo.load_model(zoo.auto_model_name([src[0].size]) if a.model == "auto" else a.model)
+        try:  # a bad image or model: one line, exit 2 (a decode that differs raises: a bug)
+            src = [images.load_image(path)]
+            model = zoo.load_model(zoo.auto_model_name([src[0].size]) if a.model == "auto" else a.model)
+        except (BadImageError, ModelError) as e:
+            print(f"own_stream: {e}", file=sys.stderr)
+            return 2
         ss = api.default_stream_settings(model, seed_tiles="first")
         settings = {"steps": a.steps} if a.steps else None
         t0 = time.perf_counter()

@@ -535,3 +535,26 @@ def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
     with pytest.raises(DecodeMismatchError):
         own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1"])
     assert capsys.readouterr().out == ""
+
+
+def test_bench_scripts_say_what_is_wrong_with_their_input_in_one_line(tmp_path, capsys):
+    """own_stream.py and large_image.py given a missing or unreadable image, an unknown model or a bad
+    --size: one line naming it and a non-zero exit, not a traceback."""
+    from bench import large_image, own_stream
+
+    (tmp_path / "empty.png").write_bytes(b"")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "ok.png")
+    for argv, words in (([str(tmp_path / "missing.png")], "missing.png: no such file"),
+                        ([str(tmp_path / "empty.png")], "empty.png: not an image"),
+                        ([str(tmp_path / "ok.png"), "--model", "nope"], "unknown model 'nope'")):
+        assert own_stream.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("own_stream: ") and words in err[0], err
+    for argv, words in ((["--image", str(tmp_path / "missing.png")], "missing.png: not an image"),
+                        (["--image", str(tmp_path / "empty.png")], "empty.png: not an image"),
+                        (["--image", str(tmp_path / "ok.png"), "--size", "8x8", "--model", "nope"], "unknown model 'nope'"),
+                        (["--size", "abc"], "--size 'abc': expected WxH")):
+        with pytest.raises(SystemExit) as e:
+            large_image.main(argv + ["--no-progress", "--threads", "1"])
+        msg = str(e.value.code) if isinstance(e.value.code, str) else capsys.readouterr().err
+        assert e.value.code != 0 and words in msg, msg
