@@ -494,19 +494,25 @@ def test_mixed_grey_reports_the_file(monkeypatch, tmp_path, capsys):
     assert out["case"] == "cifar" and out["fallback"] == "both" and out["skipped"] is None
     monkeypatch.setattr(mixed_grey, "DATA", tmp_path / "absent")
     assert mixed_grey.main(["kodak"]) == 2 and "shared data not found" in capsys.readouterr().err
-    from scoreflow_codec import api
     from scoreflow_codec.errors import DecodeMismatchError
 
-    real = api.decompress
-
-    def flipped(data, *a, **k):  # a decode that differs is never reported as a file
-        out = real(data, *a, **k)
-        out[0].color[0, 0, 0] ^= 1
-        return out
-    monkeypatch.setattr(api, "decompress", flipped)
+    _decode_flips_a_pixel(monkeypatch)  # a decode that differs is never reported as a file
     monkeypatch.setattr(mixed_grey, "DATA", tmp_path)
     with pytest.raises(DecodeMismatchError):
         mixed_grey.main(["cifar", "--fallback", "both"])
+
+
+def _decode_flips_a_pixel(monkeypatch) -> None:
+    """api.decompress as it is, but the first image's first colour value off by one."""
+    from scoreflow_codec import api
+
+    real = api.decompress
+
+    def flipped(data, *a, **k):
+        back = real(data, *a, **k)
+        back[0].color[0, 0, 0] ^= 1
+        return back
+    monkeypatch.setattr(api, "decompress", flipped)
 
 
 def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
@@ -522,16 +528,9 @@ def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
     assert out["identical"] and out["model"] == "cifar10" and out["threads"] == 1
     assert out["seed_tiles"][1] == 16 and out["seed_tiles"][0] < 16
     assert out["bpd"] == pytest.approx(8 * out["bytes"] / (128 * 128 * 3))
-    from scoreflow_codec import api
     from scoreflow_codec.errors import DecodeMismatchError
 
-    real = api.decompress
-
-    def flipped(data, *a, **k):  # a decode that differs is never reported as a file
-        back = real(data, *a, **k)
-        back[0].color[0, 0, 0] ^= 1
-        return back
-    monkeypatch.setattr(api, "decompress", flipped)
+    _decode_flips_a_pixel(monkeypatch)  # a decode that differs is never reported as a file
     with pytest.raises(DecodeMismatchError):
         own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1"])
     assert capsys.readouterr().out == ""
