@@ -397,7 +397,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 # --- commands ----------------------------------------------------------------------------------
 @cli.command(epilog=EPILOG_COMPRESS)
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path),
+@click.option("-o", "--output", type=click.Path(),
               help="The .sfc file to write (all the inputs in one file); - : standard output.")
 @OUTPUT_DIR_OPTION
 @RECURSIVE_OPTION
@@ -421,10 +421,14 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 def compress(inputs, output, output_dir, recursive, skip_existing, model, mode, steps, tile, device, verify, arith,
              fallback, no_fallback, seed_tiles, jobs, keep_metadata, force, quiet):
     """Compress images into one .sfc file (-o), or each into its own (-d)."""
+    output, to_dir = _output_path(output)
     opts = {"model": model, "mode": mode, "steps": steps, "tile": tile, "device": device, "verify": verify,
             "arith": arith, "fallback": _fallback(fallback, no_fallback, seed_tiles), "seed_tiles": seed_tiles,
             "jobs": jobs, "keep_metadata": keep_metadata, "force": force, "skip_existing": skip_existing}
     how = _one_of(output, output_dir, recursive, skip_existing, force)
+    if to_dir:
+        raise UsageError(f"-o {output}/ names a directory: give the .sfc file's name, or -d {output}/ for each "
+                         "input its own file in it")
     if any(_stdio(i) for i in inputs) and (len(inputs) > 1 or how == "dir"):
         raise UsageError("- (an image on standard input) goes alone, with -o")
     if how == "dir":
@@ -453,6 +457,14 @@ def _fallback(fallback: str, no_fallback: bool, seed_tiles: str) -> str:
     if fallback == "seed" and seed_tiles != "chosen":
         raise UsageError("--seed-tiles goes with the model's stream, which --fallback seed does not code")
     return fallback
+
+
+def _output_path(value: str | None) -> tuple[Path | None, bool]:
+    """-o's value -> (its Path, whether it ends in a slash: a directory by what the user wrote, which Path's
+    normalization loses; before 0.9.34 `compress -o out/` wrote a file named out)."""
+    if value is None:
+        return None, False
+    return Path(value), value.endswith(("/", os.sep)) and value.strip("/" + os.sep) != ""
 
 
 def _one_of(output: Path | None, output_dir: Path | None, recursive: bool, skip: bool, force: bool) -> str:
@@ -540,9 +552,9 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path),
+@click.option("-o", "--output", type=click.Path(),
               help="Image file (.png, .tif, .bmp, .webp lossless; a 16-bit image: .png or .tif) or, for several "
-                   "images, a directory; - : standard output (one image, as --format says).")
+                   "images or a name ending in /, a directory; - : standard output (one image, as --format says).")
 @OUTPUT_DIR_OPTION
 @RECURSIVE_OPTION
 @SKIP_OPTION
@@ -558,7 +570,9 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model, device, jobs, force, quiet):
     """Decompress a .sfc file back to the identical pixels (-o), or several, each into DIR (-d)."""
-    opts = {"model": model, "device": device, "jobs": jobs, "force": force, "skip_existing": skip_existing}
+    output, to_dir = _output_path(output)
+    opts = {"model": model, "device": device, "jobs": jobs, "force": force, "skip_existing": skip_existing,
+            "to_dir": to_dir}
     how = _one_of(output, output_dir, recursive, skip_existing, force)
     if any(_stdio(i) for i in inputs) and (len(inputs) > 1 or how == "dir"):
         raise UsageError("- (a .sfc file on standard input) goes alone, with -o")
@@ -578,9 +592,8 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
         if _stdio(output):
             _check_stdout()
         opts["format"] = fmt or "png"
-    elif fmt is not None:
-        raise UsageError("--format goes with -d, -o - or a device (-o /dev/null); with -o FILE the file name's "
-                         "suffix gives the format")
+    else:  # -o DIR: the images' format (None: each its input's); -o FILE: its suffix's (_decompress_file)
+        opts["format"] = fmt
     with _naming(inputs[0]):
         summary = _decompress_file(inputs[0], output, opts, quiet)
     if not quiet:
@@ -621,16 +634,20 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     n = sum(run[3] for run in header["images"])
     names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
     modes = [mode for *_, mode, count in header["images"] for _ in range(count)]
-    suffix = None  # several images into a directory: each its input's format (images.same_format), or --format's
+    # images into a directory: each its input's format (images.same_format), or --format's
+    suffix = "." + o["format"] if o.get("format") else None
     if o.get("batch") and n > 1:  # -d: DIR/stem.png for one image, DIR/stem/ for several
-        output, suffix = output.with_suffix(""), "." + o["format"] if o.get("format") else None
+        output = output.with_suffix("")
     stream_out = _stdio(output) or (not o.get("batch") and is_special(output))  # standard output, /dev/null
     if stream_out:
         where = "standard output" if _stdio(output) else str(output)
         if n > 1:
             raise UsageError(f"{_shown(input)}: the file holds {n} images and {where} takes one: give -o DIR")
         targets = [Path(f"{'<stdout>' if _stdio(output) else output} as .{o['format']}")]  # checked below
-    elif n == 1 and (o.get("batch") or not output.is_dir()):
+    elif n == 1 and not o.get("to_dir") and (o.get("batch") or not output.is_dir()):
+        if o.get("format") and not o.get("batch"):
+            raise UsageError(f"--format goes with -d, -o DIR, -o - or a device (-o /dev/null); with -o FILE "
+                             f"({output.name}) the file name's suffix gives the format")
         targets = [output]
     else:
         if output.exists() and not output.is_dir():

@@ -554,6 +554,28 @@ def test_an_input_from_a_pipe_is_read_once(tmp_path):
         _unfeed(fifo, t)
 
 
+
+def test_an_output_ending_in_a_slash_is_a_directory(tmp_path):
+    """-o out/ names a directory, whatever the file holds (before 0.9.34 Path's normalization dropped the
+    slash: compress wrote a file named out): compress refuses it (exit 2, -d says where each input goes),
+    decompress puts the image into it; --format goes with -o DIR (its help said so, and it was refused)
+    and not with -o FILE."""
+    pngs = [save_png(Image.fromarray(_smooth_rgb(8, 12, seed=k), "RGB"), tmp_path / f"p{k}.png") for k in range(2)]
+    assert_ok(sfcodec("compress", pngs[0], "-o", tmp_path / "one.sfc", "--fallback", "seed", "-q"))
+    assert_ok(sfcodec("compress", *pngs, "-o", tmp_path / "two.sfc", "--fallback", "seed", "-q"))
+    before = listing(tmp_path)
+    assert_error(sfcodec("compress", pngs[0], "-o", f"{tmp_path / 'out'}/"), EXIT["usage"], "names a directory", "-d")
+    assert_error(sfcodec("decompress", tmp_path / "one.sfc", "-o", tmp_path / "x.png", "--format", "tif"),
+                 EXIT["usage"], "--format goes with", "x.png")
+    assert listing(tmp_path) == before and not (tmp_path / "out").exists()
+    assert_ok(sfcodec("decompress", tmp_path / "one.sfc", "-o", f"{tmp_path / 'back'}/", "-q"))
+    assert_same_pixels(pngs[0], tmp_path / "back" / "p0.png")
+    assert_ok(sfcodec("decompress", tmp_path / "two.sfc", "-o", tmp_path / "tifs", "--format", "tif", "-q"))
+    assert sorted(p.name for p in (tmp_path / "tifs").iterdir()) == ["p0.tif", "p1.tif"]
+    for k in range(2):
+        assert_same_pixels(pngs[k], tmp_path / "tifs" / f"p{k}.tif")
+
+
 def test_a_write_that_fails_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
     """A full disk (or no permission) while writing the output: one error line with the system's reason,
     exit 1, not an "internal error"; the old output (--force) is kept whole and no temporary file is left."""
@@ -582,12 +604,13 @@ def test_standard_input_and_output_refuse_what_they_cannot_do(tmp_path, monkeypa
     terminal; --format goes with -d or -o -, not with -o FILE."""
     pngs = [save_png(Image.fromarray(_smooth_rgb(8, 8, seed=k), "RGB"), tmp_path / f"{k}.png") for k in range(2)]
     assert_ok(sfcodec("compress", *pngs, "-o", tmp_path / "two.sfc", "--fallback", "seed", "-q"))
+    assert_ok(sfcodec("compress", pngs[0], "-o", tmp_path / "one.sfc", "--fallback", "seed", "-q"))
     two = (tmp_path / "two.sfc").read_bytes()
     before = listing(tmp_path)
     for args in (("compress", "-", pngs[0], "-o", "-"), ("compress", "-", "-d", tmp_path / "d"),
                  ("decompress", "-", tmp_path / "two.sfc", "-d", tmp_path / "d"),
                  ("decompress", "-", "-d", tmp_path / "d"),
-                 ("decompress", tmp_path / "two.sfc", "-o", tmp_path / "x.png", "--format", "tif")):
+                 ("decompress", tmp_path / "one.sfc", "-o", tmp_path / "x.png", "--format", "tif")):
         assert_error(_piped(*args, data=pngs[0].read_bytes()), EXIT["usage"])
     r = _piped("decompress", "-", "-o", "-", data=two)
     assert_error(r, EXIT["usage"], "<stdin>", "2 images", "-o DIR")
