@@ -534,11 +534,13 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
     kodim05 saved at quality 90). Not for other inputs (a tiny image's .sfc can be larger by its header)."""
     from PIL import Image
 
+    from scoreflow_codec import images
+
     def jpeg(p: Path) -> bool:
         try:
-            with Image.open(p) as img:
+            with images.opened(p) as img:
                 return img.format in ("JPEG", "MPO")
-        except (OSError, ValueError):
+        except (OSError, ValueError, Image.DecompressionBombError):
             return False
 
     total = sum(p.stat().st_size for p in inputs)

@@ -321,6 +321,40 @@ def test_camera_raw_files_are_refused_not_coded_as_their_preview(tmp_path):
         assert images.load_image(tmp_path / f"full{kind}.tif").size == (16, 10)
 
 
+
+def _png_header_only(path, w: int, h: int):
+    """A PNG of w x h grey pixels whose data stops after a few bytes: its header gives the size."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(bytes(64))) + chunk(b"IEND", b""))
+    return path
+
+
+def test_the_size_limit_is_ours_not_pillows(tmp_path):
+    """MAX_PIXELS (100 Mpix) is checked from the header, before any pixel is decoded; Pillow's
+    decompression-bomb guard says nothing: no warning for 89.5 - 100 Mpix (three lines of Python on
+    stderr before 0.9.34), and above 179 Mpix "too large" with the count, not "not an image Pillow can
+    read"."""
+    import warnings
+
+    cases = ((9500, 9500, BadImageError, "truncated"),  # under our limit: read, and its data is cut short
+             (15000, 10000, UnsupportedImageError, "image too large: 15000x10000 pixels (limit 100,000,000)"),
+             (100000, 100000, UnsupportedImageError, "image too large: 10,000,000,000 pixels (limit 100,000,000)"))
+    for w, h, error, words in cases:
+        p = _png_header_only(tmp_path / f"{w}x{h}.png", w, h)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning fails the test
+            with pytest.raises(error) as e:
+                images.load_image(p)
+            assert words in str(e.value) and str(e.value).startswith(str(p)), e.value
+            if w * h < 2 * Image.MAX_IMAGE_PIXELS:
+                assert images.peek(p) == (w, h, False)
+
+
 def test_peek_gives_the_size_and_depth_without_the_pixels(tmp_path):
     """images.peek (sfcodec -d's memory estimate): the size and whether the samples are 16-bit, for every
     kind load_image reads: 8-bit, 16-bit grey, 48-bit PNG (which Pillow opens as 8-bit RGB) and TIFF; a
