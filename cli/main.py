@@ -653,7 +653,8 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
         targets = [output]
     else:
         if output.exists() and not output.is_dir():
-            raise OutputExistsError(f"{output}: the file holds {n} images; give a directory")
+            why = f"the file holds {n} images" if n > 1 else "-o ending in / names a directory"
+            raise OutputExistsError(f"{output}: not a directory ({why}); give a directory")
         sfx = [suffix or images.same_format(nm, mode) for nm, mode in zip(names, modes)]
         targets = [output / _out_name(nm, i, n, sfx[i]) for i, nm in enumerate(names)]
         if len(set(targets)) != len(targets):

@@ -567,6 +567,10 @@ def test_an_output_ending_in_a_slash_is_a_directory(tmp_path):
     assert_error(sfcodec("compress", pngs[0], "-o", f"{tmp_path / 'out'}/"), EXIT["usage"], "names a directory", "-d")
     assert_error(sfcodec("decompress", tmp_path / "one.sfc", "-o", tmp_path / "x.png", "--format", "tif"),
                  EXIT["usage"], "--format goes with", "x.png")
+    assert_error(sfcodec("decompress", tmp_path / "one.sfc", "-o", f"{pngs[0]}/"), EXIT["exists"],
+                 "p0.png: not a directory (-o ending in / names a directory)")
+    assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", pngs[0]), EXIT["exists"],
+                 "p0.png: not a directory (the file holds 2 images)")
     assert listing(tmp_path) == before and not (tmp_path / "out").exists()
     assert_ok(sfcodec("decompress", tmp_path / "one.sfc", "-o", f"{tmp_path / 'back'}/", "-q"))
     assert_same_pixels(pngs[0], tmp_path / "back" / "p0.png")
