@@ -22,7 +22,7 @@ from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
 from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, OutputExistsError, OutputPresentError,
                                     SfcError, UsageError, WriteError)
-from scoreflow_codec.fileio import atomic_write, is_special
+from scoreflow_codec.fileio import atomic_write, is_block_device, is_special
 
 EPILOG_COMPRESS = """\b
 Examples:
@@ -92,6 +92,8 @@ def _check_output(path: Path, force: bool, inputs: list[Path] = ()) -> None:
             raise OutputExistsError(f"{path}: output would overwrite an input")
     if path.is_dir():
         raise OutputExistsError(f"{path} is a directory; give a file name")
+    if is_block_device(path):  # before any work: a disk is never written to, --force or not
+        raise OutputExistsError(f"{path}: a block device (a disk or partition); give a file name")
     if is_special(path):  # /dev/null, a FIFO: written into, nothing of the user's replaced (atomic_write)
         return
     if path.exists() and not force:
@@ -593,6 +595,8 @@ def decompress(inputs, output, output_dir, recursive, skip_existing, fmt, model,
     if _stdio(output) or is_special(output):  # a device or a pipe (/dev/null) has no suffix: --format's
         if _stdio(output):
             _check_stdout()
+        else:
+            _check_output(output, force, inputs)  # a disk is refused here
         opts["format"] = fmt or "png"
     else:  # -o DIR: the images' format (None: each its input's); -o FILE: its suffix's (_decompress_file)
         opts["format"] = fmt

@@ -1,6 +1,7 @@
 """Writing files so that a failure never leaves a partial or half-replaced file behind."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -26,6 +27,14 @@ def is_special(path: str | os.PathLike) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def is_block_device(path: str | os.PathLike) -> bool:
+    """Whether path is a block device (a disk, a partition), after symbolic links: never written to."""
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def remove_unfinished() -> None:
     """Remove the temporary files atomic_write is writing in this process: for a worker process told
     to stop (workers: SIGTERM), which then exits at once, without unwinding."""
@@ -45,9 +54,11 @@ def atomic_write(path: str | os.PathLike, data: bytes, mtime_ns: int | None = No
 
     A path that is a device or a pipe (/dev/null, a FIFO: is_special) is written into, as cp does, never
     replaced by a file (before 0.9.34, run as root, `-o /dev/null --force` replaced the device with a
-    regular file); its dates are left alone.
+    regular file); its dates are left alone. A block device (a disk) is refused: PermissionError.
     """
     path = Path(path)
+    if is_block_device(path):  # a disk: neither written into nor replaced (sfcodec refuses it up front)
+        raise PermissionError(errno.EPERM, "a block device (a disk or partition): not written to", str(path))
     if is_special(path):
         with open(path, "wb") as f:
             f.write(data)

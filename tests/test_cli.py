@@ -478,6 +478,19 @@ def test_a_device_or_pipe_output_is_written_into_never_replaced(tmp_path):
         assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", fifo), EXIT["usage"], "2 images", "-o DIR")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    # a block device (a disk) is refused before any work, --force or not (a plain file stands in for one)
+    from cli import main as cli_main
+    disk = tmp_path / "disk"
+    disk.write_bytes(b"partition table")
+    with pytest.MonkeyPatch.context() as mp:
+        from scoreflow_codec import fileio
+
+        mp.setattr(cli_main, "is_block_device", lambda p: Path(p) == disk)
+        mp.setattr(cli_main, "is_special", lambda p: Path(p) == disk or fileio.is_special(p))  # as a disk is
+        for args in (("compress", pngs[0], "-o", disk, "--fallback", "seed", "--force"),
+                     ("decompress", tmp_path / "a.sfc", "-o", disk, "--force")):
+            assert_error(sfcodec(*args), EXIT["exists"], "disk: a block device (a disk or partition)")
+    assert disk.read_bytes() == b"partition table"
     # a folder for several images that cannot be made (under a file): one line, as -d says it
     assert_error(sfcodec("decompress", tmp_path / "two.sfc", "-o", pngs[0] / "sub"), EXIT["usage"],
                  "cannot make the directory")

@@ -1,6 +1,7 @@
 """No data loss: atomic_write leaves either the old file or the complete new one, never a part."""
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,15 @@ def test_a_pipe_is_written_into_not_replaced(tmp_path):
     t.join(5)
     assert got == [b"through the pipe"]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and _names(tmp_path) == ["pipe", "plain"]
+
+
+def test_a_block_device_is_refused(tmp_path, monkeypatch):
+    """A disk or partition (is_block_device) is neither written into nor replaced: PermissionError, the
+    path untouched. A plain file stands in for the device here (writing to a real one is what is refused)."""
+    p = tmp_path / "disk"
+    p.write_bytes(b"partition table")
+    assert not fileio.is_block_device(p) and not fileio.is_block_device(os.devnull)
+    monkeypatch.setattr(fileio, "is_block_device", lambda path: Path(path) == p)
+    with pytest.raises(PermissionError, match="block device"):
+        atomic_write(p, b"x")
+    assert p.read_bytes() == b"partition table" and _names(tmp_path) == ["disk"]
