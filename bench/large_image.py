@@ -48,7 +48,7 @@ def _load(path: Path | None, size: tuple[int, int] | None, crop: bool) -> np.nda
     try:
         with Image.open(path) as im:
             img = im.convert("RGB")
-    except (OSError, ValueError) as e:  # missing, not an image: one line, exit 2
+    except (OSError, ValueError) as e:  # missing, not an image: one line, exit 1
         raise SystemExit(f"large_image: {path}: not an image Pillow can read ({e.__class__.__name__})") from None
     if size is not None and img.size != size:
         if crop and img.size[0] >= size[0] and img.size[1] >= size[1]:
