@@ -170,11 +170,14 @@ def _name(inputs) -> Path:
     return inputs[0] if isinstance(inputs, list) else inputs
 
 
+def named(name, text: str) -> str:
+    """A message with a file's name first where it does not hold it already."""
+    return text if str(name) in text else f"{name}: {text}"
+
+
 def error_line(name, e: SfcError) -> str:
-    """sfcodec's line for one file's error among several: the message, the file's name first where the
-    message does not hold it."""
-    text = str(e)
-    return f"sfcodec: error: {text if str(name) in text else f'{name}: {text}'}"
+    """sfcodec's line for one file's error among several: the message, the file's name first (named)."""
+    return f"sfcodec: error: {named(name, str(e))}"
 
 
 def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path | None,

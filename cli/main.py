@@ -315,9 +315,9 @@ def _naming(path):
     try:
         yield
     except (BadFileError, ModelError) as e:
-        if _shown(path) in str(e):
-            raise
-        raise type(e)(f"{_shown(path)}: {e}") from None
+        from cli.batch import named
+
+        raise type(e)(named(_shown(path), str(e))) from None
 
 
 def _read_sfc(path: Path) -> bytes:
