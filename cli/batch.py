@@ -144,9 +144,9 @@ def file_need(inputs, opts: dict, verb: str) -> int:
     image's or the .sfc file's header; PROCESS_BYTES where that cannot be read (the file fails at once); for a
     pipe, which can be read once, PROCESS_BYTES + MODEL_BYTES."""
     from scoreflow_codec import api, container, deep, images
-    from scoreflow_codec.fileio import is_special
+    from scoreflow_codec.fileio import is_read_once
 
-    if is_special(_name(inputs)):  # a pipe is read once, by the task itself
+    if is_read_once(_name(inputs)):  # a pipe is read once, by the task itself
         return PROCESS_BYTES + MODEL_BYTES
     try:
         if verb in ("compressed", "verified"):

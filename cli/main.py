@@ -22,7 +22,7 @@ from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
 from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, OutputExistsError, OutputPresentError,
                                     SfcError, UsageError, WriteError)
-from scoreflow_codec.fileio import atomic_write, is_block_device, is_special
+from scoreflow_codec.fileio import atomic_write, is_block_device, is_read_once, is_special
 
 EPILOG_COMPRESS = """\b
 Examples:
@@ -210,7 +210,7 @@ def _sections(rep) -> str:
 def _load_images(paths, keep_metadata: bool) -> list:
     from scoreflow_codec import images
 
-    sources = [_stdin_image() if _stdio(p) else _piped_image(p) if _read_once(p) else images.load_image(p)
+    sources = [_stdin_image() if _stdio(p) else _piped_image(p) if is_read_once(p) else images.load_image(p)
                for p in paths]
     if not keep_metadata:  # the pixels alone, as asked: nothing kept, nothing to say was not
         for s in sources:
@@ -275,14 +275,8 @@ def _stdin_image():
     return _image_of_bytes(_read_stdin("an image"), STDIO_NAME)
 
 
-def _read_once(path: Path) -> bool:
-    """A pipe or a character device (/dev/fd/N, a FIFO, /dev/stdin), which can be read only once; not a
-    block device (a disk, which Pillow reads like a file: read whole it would fill the memory)."""
-    return is_special(path) and not is_block_device(path)
-
-
 def _piped_image(path: Path):
-    """The image in a named pipe or a device (`sfcodec compress <(curl ...)`, a FIFO: fileio.is_special),
+    """The image in a named pipe or a device (`sfcodec compress <(curl ...)`, a FIFO: fileio.is_read_once),
     which can be read once: read whole, as standard input is (0.9.34; load_image opened it a second time
     for the metadata, and waited for a writer that never came)."""
     try:
@@ -513,7 +507,7 @@ def _compress_files(inputs: list[Path], output: Path, o: dict, quiet: bool):
         api.check_identical(sources, back)
     _write(output, data, inputs)
     warnings = _not_kept(sources, inputs)
-    warnings += [] if any(_stdio(i) or _read_once(i) for i in inputs) else _larger_than_inputs(output, len(data), inputs)
+    warnings += [] if any(_stdio(i) or is_read_once(i) for i in inputs) else _larger_than_inputs(output, len(data), inputs)
     msg = (f"{'<stdout>' if _stdio(output) else output}: {len(data)} bytes{_sections(rep)}, {rep.bpd:.3f} bits/dim "
            f"over {rep.num_images} image(s) [{_run_label(mode, m)}{_coded_by(rep, o['seed_tiles'])}] in {enc_s:.1f}s")
     msg += f", verified in {dec_s:.1f}s" if verify else ", not verified"
@@ -621,7 +615,7 @@ def _sfc_suffix(path: Path) -> str:
     when it is decoded)."""
     from scoreflow_codec import api, container, images
 
-    if is_special(path):
+    if is_read_once(path):
         return ".png"
     try:
         h = api.read_header(container.head(path))

@@ -35,6 +35,13 @@ def is_block_device(path: str | os.PathLike) -> bool:
         return False
 
 
+def is_read_once(path: str | os.PathLike) -> bool:
+    """Whether path is a pipe or a character device (a FIFO, /dev/fd/N from bash's `<(...)`, /dev/stdin),
+    which can be read only once: sfcodec reads such an input whole, once. Not a block device (a disk, which
+    is read like a file: read whole it would fill the memory)."""
+    return is_special(path) and not is_block_device(path)
+
+
 def remove_unfinished() -> None:
     """Remove the temporary files atomic_write is writing in this process: for a worker process told
     to stop (workers: SIGTERM), which then exits at once, without unwinding."""

@@ -558,12 +558,12 @@ def test_an_input_from_a_pipe_is_read_once(tmp_path):
     assert_same_pixels(png, tmp_path / "p.png")
     assert_same_pixels(png, tmp_path / "dd" / "pipe.png")
     assert not (tmp_path / "bad.sfc").exists()
-    from cli import main as cli_main  # what is read once: a pipe, not a disk (Pillow reads one as a file)
+    from scoreflow_codec import fileio  # what is read once: a pipe, not a disk (Pillow reads one as a file)
 
-    assert cli_main._read_once(fifo) and not cli_main._read_once(png) and not cli_main._read_once(tmp_path)
+    assert fileio.is_read_once(fifo) and not fileio.is_read_once(png) and not fileio.is_read_once(tmp_path)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli_main, "is_block_device", lambda p: Path(p) == fifo)
-        assert not cli_main._read_once(fifo)
+        mp.setattr(fileio, "is_block_device", lambda p: Path(p) == fifo)
+        assert not fileio.is_read_once(fifo)
     from cli import batch  # -d's memory estimate of a file among several does not read a pipe (it would take its data)
 
     t = _feed(fifo, png.read_bytes())
