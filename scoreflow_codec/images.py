@@ -264,12 +264,18 @@ def _wide_rawmode(img: Image.Image) -> str | None:
 
 
 @contextlib.contextmanager
-def opened(path: str | os.PathLike):
-    """Image.open(path) without Pillow's decompression-bomb warning (load_image's size limit is ours)."""
+def _no_bomb_warning():
+    """Pillow's decompression-bomb warning kept quiet (load_image's size limit, MAX_PIXELS, is ours)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(path) as img:
-            yield img
+        yield
+
+
+@contextlib.contextmanager
+def opened(path: str | os.PathLike):
+    """Image.open(path) without Pillow's decompression-bomb warning."""
+    with _no_bomb_warning(), Image.open(path) as img:
+        yield img
 
 
 def peek(path: str | os.PathLike) -> tuple[int, int, bool]:
@@ -336,8 +342,7 @@ def load_image(path: str | os.PathLike) -> SourceImage:
     the header before any pixel is decoded), not Pillow's decompression-bomb guard, whose warning (three
     lines of Python on stderr for an image of 89.5 - 100 Mpix) and error ("not an image Pillow can read"
     for one above 179 Mpix) are kept out of the way (0.9.34)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+    with _no_bomb_warning():  # deep.read_wide opens the file again
         return _load_image(Path(path))
 
 
