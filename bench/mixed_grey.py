@@ -43,8 +43,9 @@ def kodak(n: int, side: int | None = None) -> np.ndarray:
 def the_set(case: str) -> tuple[list[np.ndarray], str]:
     """(arrays, model name) of a named set."""
     if case == "cifar":
-        with np.load(DATA / "cifar10" / "test.npz") as z:
-            x = z["images"][:16]
+        from scoreflow_codec.images import read_npz
+
+        x = read_npz(DATA / "cifar10" / "test.npz")["images"][:16]
         return [*x[:8], *(grey(a) for a in x[8:16])], "cifar10"
     if case == "kodcrop":
         return [kodak(1, 256), grey(kodak(5, 256)), kodak(14, 256), grey(kodak(23, 256))], "photo"
