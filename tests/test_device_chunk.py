@@ -73,14 +73,8 @@ def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
     dd = repo / device.FOLDER
     assert len(list((dd / "train").glob("*.webp"))) == 64 == sizes["train_images"]
     assert len(list((dd / "test").glob("*.webp"))) == 8
-    # the device: the chunk script in a copy of the tree, $OUT an empty folder, and no constriction
-    # (the GPU image has torch, numpy, pillow, click and safetensors, not the coder: KINDS.md)
-    out, block = tmp_path / "OUT", tmp_path / "block"
-    out.mkdir(), block.mkdir()
-    (block / "constriction.py").write_text("raise ImportError('not on the device machine')\n")
-    path = os.pathsep.join([str(block), os.environ.get("PYTHONPATH", "")])
-    r = subprocess.run(["bash", ".device_data/chunk.sh"], cwd=repo, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+    out = tmp_path / "OUT"
+    r = _run_chunk(repo, out, tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     back = sorted(p.name for p in out.iterdir())
     assert "state.json" in back and "train.log" in back and len(back) <= device.RETURN_FILES
@@ -100,6 +94,86 @@ def test_a_chunk_runs_end_to_end_and_resumes(tiny_data, tmp_path):
     # and resumes here, from the unpacked checkpoint (its data now the chunk's folder in the repo)
     cfg2 = cfg.override(steps=6, data=str(dd / "train"), eval_data=str(dd / "test"), compact_checkpoint=True)
     assert train(cfg2, local, progress=False)["step"] == 6
+
+
+def _run_chunk(repo: Path, out: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The chunk script as the device runs it: in the tree, $OUT an empty folder, and no constriction
+    (the GPU image has torch, numpy, pillow, click and safetensors, not the coder: KINDS.md)."""
+    out.mkdir()
+    block = tmp_path / "block"
+    block.mkdir(exist_ok=True)
+    (block / "constriction.py").write_text("raise ImportError('not on the device machine')\n")
+    path = os.pathsep.join([str(block), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run(["bash", ".device_data/chunk.sh"], cwd=repo, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+
+
+def test_several_runs_share_a_chunk(tiny_data, tmp_path, monkeypatch):
+    """jobs: a run continued and a new one train at once on the same data; what comes back (a log
+    each, one tar in parts) fits the device's 8 files, and each unpacks into its own run directory,
+    which resumes. The clock-timed cool-down reaches the runs' options."""
+    cfg = TrainConfig(preset="tiny", dequant="uniform", data=str(tiny_data / "train.npz"),
+                      eval_data=str(tiny_data / "test.npz"), batch=8, warmup=2, eval_images=8, eval_n_t=2,
+                      eval_every=0, save_every=0, steps=3, bf16=False)
+    run = tmp_path / "run"
+    train(cfg, run, progress=False)
+    repo = _git_repo(tmp_path / "repo")
+    monkeypatch.setattr(device, "PART_BYTES", 1_000_000)  # the tiny runs' tar in several parts, as small's is
+    jobs = [device.Job("on", run=run, train_args="--steps 5 --eval-n-t 2 --threads 1"),
+            device.Job("new", train_args="--preset tiny --dequant uniform --batch 4 --steps 2 --eval-n-t 2 "
+                                         "--threads 1 --no-bf16")]
+    sizes = device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), jobs=jobs,
+                           eval_images=8, minutes=5, cool_minutes=1)
+    script = (repo / device.FOLDER / "chunk.sh").read_text()
+    assert script.count("--cool-minutes 1 ") == 2 and "& " not in sizes["command"]
+    out = tmp_path / "OUT"
+    r = _run_chunk(repo, out, tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "on: " in r.stdout and "new: " in r.stdout  # each run's lines marked
+    back = sorted(p.name for p in out.iterdir())
+    parts = [b for b in back if b.startswith("chunk.tar.")]
+    assert {"gpu.txt", "on.log", "new.log"} <= set(back) and len(parts) >= 2 and len(back) <= device.RETURN_FILES
+    assert all((out / f).stat().st_size <= 1_000_000 for f in parts)
+
+    assert device.unpack(out, tmp_path / "on", job="on")["step"] == 5
+    state = device.unpack(out, tmp_path / "new", job="new")
+    assert state["step"] == 2 and state["compact"]
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["preset"] == "tiny"
+    assert (tmp_path / "on" / "metrics.jsonl").read_text().startswith((run / "metrics.jsonl").read_text())
+    with pytest.raises(ValueError, match="name the one to unpack"):
+        device.unpack(out, tmp_path / "x")
+    with pytest.raises(ValueError, match="no run 'other' came back"):
+        device.unpack(out, tmp_path / "x", job="other")
+    (out / parts[-1]).unlink()  # a part lost on the way
+    with pytest.raises(ValueError, match="incomplete or damaged"):
+        device.unpack(out, tmp_path / "y", job="new")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    cfg2 = cfg.override(steps=3, data=str(repo / device.FOLDER / "train"), compact_checkpoint=True,
+                        eval_data=str(repo / device.FOLDER / "test"), batch=4)
+    assert train(cfg2, tmp_path / "new", progress=False)["step"] == 3  # and it resumes here
+
+
+def test_jobs_that_cannot_be(tiny_data, tmp_path):
+    """Refused before any work: runs named alike or badly, a cool-down as long as the chunk, a
+    return over the device's 8 files (base's checkpoint is 67 MiB even compact), both forms at once."""
+    repo = _git_repo(tmp_path / "repo")
+    data = str(tiny_data / "train.npz")
+    for jobs, match in (([device.Job("a"), device.Job("a")], "distinct names"),
+                        ([device.Job("a/b")], "distinct names"), ([device.Job("train")], "distinct names"),
+                        ([device.Job("big", train_args="--preset base")], "over what a device call returns")):
+        with pytest.raises(ValueError, match=match):
+            device.prepare(repo, data, jobs=jobs)
+    with pytest.raises(ValueError, match="not both"):
+        device.prepare(repo, data, train_args="--steps 2", jobs=[device.Job("a")])
+    with pytest.raises(ValueError, match="the end of the chunk"):
+        device.prepare(repo, data, minutes=2, cool_minutes=2)
+    spec = tmp_path / "jobs.json"
+    for text, msg in (('[{"name": "a", "nope": 1}]', "not a list of jobs"), ("{", "not a list of jobs"),
+                      ('[{"name": "a", "run": "missing"}]', "does not exist")):
+        spec.write_text(text)
+        r = subprocess.run([sys.executable, "-m", "trainer", "device-prep", "--data", data, "--jobs", str(spec),
+                            "--repo", str(repo)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_data_takes_the_room_that_is_left(tiny_data, tmp_path):

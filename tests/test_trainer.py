@@ -322,6 +322,47 @@ def test_cool_down_branch_resumes_a_constant_run(cifar_small, tmp_path):
     assert json.loads((out / "config.json").read_text())["decay_from"] == 4
 
 
+def test_clock_timed_cool_down_closed_form():
+    """cooled(): the lr as given until the last cool_minutes of max_minutes, then linear to lr_end."""
+    from trainer.train import cooled
+
+    cfg = TrainConfig(lr=1e-3, max_minutes=10, cool_minutes=2, lr_end=1e-4)
+    at = lambda minutes, lr=1e-3: cooled(cfg, lr, 60 * minutes)
+    assert [at(0), at(7.9), at(8), at(9), at(9.5), at(10), at(12)] == pytest.approx(
+        [1e-3, 1e-3, 1e-3, 5.5e-4, 3.25e-4, 1e-4, 1e-4])
+    assert at(9, lr=5e-4) == pytest.approx(3e-4)  # from whatever lr the schedule gives (a warmup's)
+    for off in (TrainConfig(lr=1e-3, max_minutes=10), TrainConfig(lr=1e-3, cool_minutes=2)):
+        assert cooled(off, 1e-3, 60 * 9.9) == 1e-3  # needs both
+
+
+def test_clock_timed_cool_down_in_a_run(cifar_small, tmp_path):
+    """train --max-minutes M --cool-minutes C: constant lr first, then falling to --lr-end by the end
+    (the metrics' lr); a resume does not inherit the cool-down; C >= M is a usage error."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    out = tmp_path / "run"
+    common = ["train", "--out", str(out), "--log-every", "1", "--eval-every", "0", "--save-every", "0", "--no-progress"]
+    first = common + ["--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
+                      "--preset", "tiny", "--dequant", "uniform", "--batch", "4", "--eval-images", "4",
+                      "--eval-n-t", "2", "--lr", "1e-3", "--warmup", "1", "--no-bf16", "--threads", "1"]
+    r = CliRunner().invoke(main, first + ["--max-minutes", "0.02", "--cool-minutes", "0.03"])
+    assert r.exit_code == 2 and "--cool-minutes" in r.output and not out.exists()
+    r = CliRunner().invoke(main, first + ["--max-minutes", "0.1", "--cool-minutes", "0.05"])
+    assert r.exit_code == 0, r.output
+    lrs = [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r]
+    assert len(lrs) >= 4 and lrs[0] == pytest.approx(1e-3)  # the first step is long before the last 3 s
+    assert all(b <= a for a, b in zip(lrs, lrs[1:])) and lrs[-1] < 0.25e-3
+    assert json.loads((out / "config.json").read_text())["cool_minutes"] == 0.05
+    n = len(lrs)
+    r = CliRunner().invoke(main, common + ["--steps", str(n + 2)])
+    assert r.exit_code == 0, r.output
+    lrs = [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r]
+    assert lrs[n:] == pytest.approx([1e-3, 1e-3])  # resumed at the constant lr
+    assert json.loads((out / "config.json").read_text())["cool_minutes"] == 0.0
+
+
 def test_resume_does_not_inherit_the_time_limit(cifar_small, tmp_path):
     """--max-minutes bounds one command: a run stopped by it and resumed without it trains on to
     --steps (it used to keep the saved limit and stop again after as many minutes)."""

@@ -78,6 +78,9 @@ def main() -> None:
 @click.option("--freeze-model", is_flag=True, default=False,
               help="Train only the dequantizer (ScoreFlow's second stage; use with --init-from).")
 @click.option("--max-minutes", type=click.FloatRange(min=0), default=None, help="Stop and checkpoint after this many minutes.")
+@click.option("--cool-minutes", type=click.FloatRange(min=0), default=None,
+              help="With --max-minutes: the lr falls linearly to --lr-end over its last this many minutes "
+                   "(a cool-down timed by the clock, for a chunk whose step count is not known ahead).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="0: at the end only.")
 @click.option("--eval-images", type=click.IntRange(min=1), default=None)
 @click.option("--eval-n-t", type=click.IntRange(min=1), default=None)
@@ -101,8 +104,8 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
     cfg_file = out / "config.json"
     base = TrainConfig.from_dict(json.loads(cfg_file.read_text())) if cfg_file.exists() else TrainConfig()
     # A time limit is this command's, not the run's: a resumed run without --max-minutes has none
-    # (the run directory's config.json keeps the last one only as a record).
-    base = base.override(max_minutes=0.0)
+    # (the run directory's config.json keeps the last one only as a record); so is its cool-down.
+    base = base.override(max_minutes=0.0, cool_minutes=0.0)
     if no_flip:
         kw["flip"] = False
     if no_importance:
@@ -116,6 +119,8 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
     cfg = base.override(**kw)
     if not cfg.data:
         raise click.UsageError("--data is required for a new run")
+    if cfg.cool_minutes and not (cfg.max_minutes > cfg.cool_minutes):
+        raise click.UsageError("--cool-minutes is the end of --max-minutes: give a --max-minutes longer than it")
     with _input_errors():
         res = run(cfg, out, device=device, progress=not no_progress)
     click.echo(json.dumps(res))
@@ -190,26 +195,45 @@ def ship(model_file, zoo_dir, **kw):
 @click.option("--train-args", default="", help='More trainer options, e.g. "--preset small --batch 128".')
 @click.option("--data-seed", type=int, default=0, show_default=True,
               help="Which random part of the training images goes where not all fit (another per chunk).")
+@click.option("--cool-minutes", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="The lr falls linearly to the runs' --lr-end over the chunk's last this many minutes.")
+@click.option("--jobs", "jobs_file", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='Several runs at once on the GPU: a JSON list of {"name", "run" or "init_from", "train_args"} '
+                   "(instead of --run / --init-from / --train-args).")
 @click.option("--repo", default=".", type=click.Path(exists=True, file_okay=False, path_type=Path), show_default=True)
-def device_prep(data, eval_data, run_dir, init_from, minutes, eval_images, train_args, data_seed, repo):
+def device_prep(data, eval_data, run_dir, init_from, minutes, eval_images, train_args, data_seed, cool_minutes,
+                jobs_file, repo):
     """Prepare one GPU training chunk in .device_data/ (checks the 64 MiB the device call takes)."""
-    from .device import describe, prepare
+    from .device import Job, describe, prepare
 
     with _input_errors():
+        jobs = None
+        if jobs_file is not None:
+            try:
+                spec = json.loads(jobs_file.read_text())
+                jobs = [Job(**j) for j in spec]
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{jobs_file}: not a list of jobs ({{\"name\", \"run\" or \"init_from\", "
+                                 f"\"train_args\"}}): {e}") from None
+            for j in jobs:
+                for src in (j.run, j.init_from):
+                    if src is not None and not Path(src).exists():
+                        raise FileNotFoundError(f"{jobs_file}: job {j.name!r}: {src} does not exist")
         sizes = prepare(repo, data, eval_data, run_dir, init_from, minutes, eval_images, train_args,
-                        data_seed=data_seed)
+                        data_seed=data_seed, cool_minutes=cool_minutes, jobs=jobs)
     click.echo(describe(sizes))
 
 
 @main.command("device-unpack")
 @click.argument("returned", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--run", "run_dir", required=True, type=click.Path(path_type=Path), help="Local run directory.")
-def device_unpack(returned, run_dir):
+@click.option("--job", default=None, help="From a chunk of several runs (--jobs): which one.")
+def device_unpack(returned, run_dir, job):
     """Put what a GPU chunk returned (its $OUT files) into a local run directory."""
     from .device import unpack
 
     with _input_errors():
-        state = unpack(returned, run_dir)
+        state = unpack(returned, run_dir, job)
     click.echo(f"{run_dir}: checkpoint at step {state['step']}")
 
 

@@ -33,6 +33,7 @@ class TrainConfig:
     ema: float = 0.9999
     steps: int = 1_300_000
     max_minutes: float = 0.0              # stop (and checkpoint) after this wall time; 0 = no limit
+    cool_minutes: float = 0.0             # with max_minutes: the lr falls linearly to lr_end over its last minutes
     seed: int = 0
     # bookkeeping
     log_every: int = 50

@@ -97,6 +97,19 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return lr
 
 
+def cooled(cfg: TrainConfig, lr: float, elapsed_s: float) -> float:
+    """`lr` in the clock-timed cool-down (cfg.cool_minutes, the end of cfg.max_minutes): it falls
+    linearly to cfg.lr_end over the last cool_minutes of the command's time (elapsed_s, from its start
+    of training). For a GPU chunk, whose step count per minute is not known ahead; unchanged otherwise."""
+    if not (cfg.cool_minutes and cfg.max_minutes):
+        return lr
+    start = 60.0 * (cfg.max_minutes - cfg.cool_minutes)
+    if elapsed_s <= start:
+        return lr
+    frac = min(1.0, (elapsed_s - start) / (60.0 * cfg.cool_minutes))
+    return lr + (cfg.lr_end - lr) * frac
+
+
 @torch.no_grad()
 def evaluate(model: ScoreModel, dequant: nn.Module, x: torch.Tensor, n_t: int, seed: int) -> dict:
     gen = torch.Generator(device=x.device).manual_seed(seed)
@@ -208,6 +221,10 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     if progress and rank == 0:
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
+    live_params = list(model.parameters()) + list(dequant.parameters())
+    ema_params = list(ema_model.parameters()) + list(ema_dequant.parameters())
+    live_buffers = list(model.buffers()) + list(dequant.buffers())
+    ema_buffers = list(ema_model.buffers()) + list(ema_dequant.buffers())
     t_start = time.perf_counter()
     t_log, n_log, loss_acc = t_start, 0, 0.0
     last = {}
@@ -228,8 +245,9 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             if cfg.max_minutes and _time_is_up(time.perf_counter() - t_start > 60 * cfg.max_minutes, world, dev):
                 break
             x = sampler.sample(local_batch).to(dev, non_blocking=True)
+            lr = cooled(cfg, lr_at(cfg, step), time.perf_counter() - t_start)
             for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
+                g["lr"] = lr
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
                 loss = obj(x).float().mean() / dims
             opt.zero_grad(set_to_none=True)
@@ -240,12 +258,10 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             step += 1
             images_seen += local_batch * world
             decay = min(cfg.ema, (1 + step) / (10 + step))
-            with torch.no_grad():
-                for src, dst in ((model, ema_model), (dequant, ema_dequant)):
-                    for p, q in zip(src.parameters(), dst.parameters()):
-                        q.lerp_(p, 1 - decay)
-                    for b, c in zip(src.buffers(), dst.buffers()):
-                        c.copy_(b)
+            with torch.no_grad():  # one fused update for all parameters (a launch per tensor on a GPU otherwise)
+                torch._foreach_lerp_(ema_params, live_params, 1 - decay)
+                for b, c in zip(live_buffers, ema_buffers):
+                    c.copy_(b)
             loss_acc += float(loss.detach())
             n_log += 1
             if bar:
@@ -254,7 +270,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
                 now = time.perf_counter()
                 rec = {"step": step, "loss_nats_per_dim": loss_acc / n_log,
                        "loss_bpd_proxy": (loss_acc / n_log + pixels.LOG_128) / math.log(2),
-                       "lr": lr_at(cfg, step - 1), "grad_norm": float(gnorm),
+                       "lr": lr, "grad_norm": float(gnorm),
                        "images_per_s": n_log * local_batch * world / max(now - t_log, 1e-9),
                        "elapsed_s": elapsed_total + now - t_start}
                 metrics_f.write(json.dumps(rec) + "\n")
