@@ -173,6 +173,58 @@ def test_reparameterised_gradients_match_finite_differences():
         assert abs(float(p.grad[i]) - float(fp - fm) / 2e-6) < 1e-5
 
 
+def _levels(d, u, x):
+    """Each dim's CDF level F_g(u) under its group's mixture (given x and the earlier groups' u), as u."""
+    e = torch.zeros_like(u)
+    for g, m in enumerate(d.groups(x.shape[1:])):
+        lp, mu, ls = d.group_mixture(x, u, g)
+        e[:, m] = mixture_cdf(u[:, m], lp, mu, ls)
+    return e
+
+
+def test_draw_has_the_flows_distribution():
+    """draw (a component by Gumbel-max, then a logistic draw) against the closed form: its log q is
+    log_prob's, and its CDF levels are uniform (the probability integral transform; KS at 1%), with
+    mixtures wide enough that no one component dominates."""
+    d = _randomised(DequantConfig(**TINY), std=0.1)
+    x = _x((48, 3, 8, 8))
+    u, log_q = d.draw(x, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(d.log_prob(u, x), log_q, atol=1e-8)
+    lp, _, _ = d.group_mixture(x, u, 1)
+    assert float(torch.softmax(lp.detach(), 1).max(1).values.mean()) < 0.8  # mixtures, not single logistics
+    with torch.no_grad():
+        e = _levels(d, u, x).flatten().sort().values
+    n = e.numel()
+    ks = float(torch.maximum(torch.arange(1, n + 1) / n - e, e - torch.arange(n) / n).max())
+    assert ks < 1.63 / math.sqrt(n), ks
+    a = d.draw(x[:2], generator=torch.Generator().manual_seed(5))
+    b = d.draw(x[:2], generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], d.draw(x[:2])[0])
+    assert UniformDequantizer().draw(x[:1])[0].shape == x[:1].shape  # the base class's: sample's
+
+
+def test_draw_gradients_are_the_flows():
+    """At the same point, draw's implicit-reparameterisation gradient is the flow's: transform of
+    the drawn u's CDF levels gives back u, log q and the parameters' gradients of a function of them."""
+    d = _randomised(DequantConfig(**TINY))
+    x = _x((2, 3, 4, 4))
+    weights = torch.linspace(-1, 1, x.numel(), dtype=torch.float64).view(x.shape)
+    grads = []
+    for how in ("draw", "flow"):
+        d.zero_grad()
+        if how == "draw":
+            u, log_q = d.draw(x, generator=torch.Generator().manual_seed(4))
+            with torch.no_grad():
+                eps = _levels(d, u, x)
+        else:
+            u2, log_q2 = d.transform(eps, x)
+            assert torch.allclose(u2, u, atol=1e-10) and torch.allclose(log_q2, log_q, atol=1e-8)
+            u, log_q = u2, log_q2
+        ((u * weights).sum() + 0.1 * log_q.sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in d.parameters() if p.grad is not None]))
+    assert grads[0].abs().max() > 1e-3 and torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-9)
+
+
 def test_training_raises_the_elbo_on_a_toy_target():
     torch.manual_seed(0)
     d = VariationalDequantizer(DequantConfig(**TINY)).train()

@@ -42,7 +42,7 @@ class Objective(nn.Module):
         self.weighting, self.importance = weighting, importance
 
     def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        u, log_q = self.dequant.sample(x, generator=generator)
+        u, log_q = self.dequant.draw(x, generator=generator)  # no CDF inversion (dequant.py)
         y = pixels.to_model(x, u.to(torch.float32))
         # one t per stratum of the batch (VDM's low-discrepancy sampler): the batch mean is unbiased
         # with far less t-noise than independent draws
