@@ -289,6 +289,23 @@ def test_cli_input_errors_are_one_line(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_the_objective_draws_without_inverting_the_cdf(monkeypatch):
+    """Training's dequantization draws (dequant.draw: no bisection, a fifth of a step's kernel launches
+    on a GPU), never the flow's inverse CDF; its loss is finite and reaches the dequantizer."""
+    from scoreflow_codec import dequant as dq
+    from trainer.train import Objective, build
+
+    def no_inversion(*a, **k):
+        raise AssertionError("the trainer inverted the CDF")
+
+    monkeypatch.setattr(dq, "_mix_icdf_z", no_inversion)
+    model, deq, _ = build(TrainConfig(preset="tiny", dequant="variational"))
+    x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    loss = Objective(model, deq, "likelihood", True)(x, torch.Generator().manual_seed(1)).mean()
+    loss.backward()
+    assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in deq.parameters())
+
+
 def test_lr_schedule_warmup_then_linear_cool_down():
     """lr_at against the closed form: linear warmup, constant, then (decay_from) linear to lr_end at steps."""
     from trainer.train import lr_at
