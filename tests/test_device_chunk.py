@@ -165,6 +165,14 @@ def test_jobs_that_cannot_be(tiny_data, tmp_path):
             device.prepare(repo, data, jobs=jobs)
     with pytest.raises(ValueError, match="not both"):
         device.prepare(repo, data, train_args="--steps 2", jobs=[device.Job("a")])
+    # a model file the repository tracks (a shipped one) travels once, from where it is
+    sizes = device.prepare(repo, data, init_from=repo / "model.bin")
+    assert "--init-from model.bin " in sizes["train_command"] + " "
+    assert not (repo / device.FOLDER / "init.safetensors").exists()
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"x" * 1000)
+    sizes = device.prepare(repo, data, init_from=other)
+    assert f"--init-from {device.FOLDER}/init.safetensors" in sizes["train_command"]
     with pytest.raises(ValueError, match="the end of the chunk"):
         device.prepare(repo, data, minutes=2, cool_minutes=2)
     spec = tmp_path / "jobs.json"

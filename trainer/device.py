@@ -162,6 +162,9 @@ def _job_state(job: Job, dd: Path, single: bool) -> tuple[str, Path | None]:
                 shutil.copy2(run / f, dest / f)
         return "", dest
     if job.init_from is not None:
+        src = Path(job.init_from).resolve()
+        if src in set(_git_files(dd.parent)):  # a shipped model: it travels with the tracked files already
+            return f" --init-from {shlex.quote(src.relative_to(dd.parent).as_posix())}", None
         name = "init.safetensors" if single else f"{job.name}.init.safetensors"
         shutil.copy2(job.init_from, dd / name)
         return f" --init-from {FOLDER}/{name}", None
