@@ -144,6 +144,13 @@ def test_several_runs_share_a_chunk(tiny_data, tmp_path, monkeypatch):
         device.unpack(out, tmp_path / "x")
     with pytest.raises(ValueError, match="no run 'other' came back"):
         device.unpack(out, tmp_path / "x", job="other")
+    broken = tmp_path / "broken"  # a run that came back without its checkpoint (it failed before saving)
+    broken.mkdir()
+    (broken / "new").mkdir()
+    (broken / "new" / "config.json").write_text("{}")
+    subprocess.run(["tar", "-cf", str(broken / "chunk.tar.00"), "new"], cwd=broken, check=True)
+    with pytest.raises(FileNotFoundError, match=r"run 'new'\): no state.json came back \(see new.log\)"):
+        device.unpack(broken, tmp_path / "x", job="new")
     (out / parts[-1]).unlink()  # a part lost on the way
     with pytest.raises(ValueError, match="incomplete or damaged"):
         device.unpack(out, tmp_path / "y", job="new")

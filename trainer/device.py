@@ -303,13 +303,17 @@ def unpack(returned: str | Path, run: str | Path, job: str | None = None) -> dic
     config.json; or, from a chunk of several runs, the parts of its tar, of which `job` is taken)
     into the local run directory `run`; returns the checkpoint's state."""
     returned, run = Path(returned), Path(run)
+    log = "its train.log"
     with tempfile.TemporaryDirectory() as tmp:
         if (returned / (PACK + ".00")).exists():
+            where, log = f"{returned} (run {job!r})", f"{job}.log"
             returned = _unpack_job(returned, job, Path(tmp))
         elif job is not None:
             raise ValueError(f"{returned}: a chunk of one run came back (no {PACK}.00): unpack it without --job")
+        else:
+            where = str(returned)
         if not (returned / "state.json").exists() and not (returned / "checkpoint" / "state.json").exists():
-            raise FileNotFoundError(f"{returned}: no state.json came back (see its train.log)")
+            raise FileNotFoundError(f"{where}: no state.json came back (see {log})")
         src = returned / "checkpoint" if (returned / "checkpoint" / "state.json").exists() else returned
         state = ckpt.copy_checkpoint(src, run / "checkpoint")
         for f in ("metrics.jsonl", "config.json"):
