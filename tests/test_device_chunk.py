@@ -14,7 +14,7 @@ from conftest import cifar_subset
 from trainer import checkpoint as ckpt
 from trainer import device
 from trainer.config import TrainConfig
-from trainer.train import train
+from trainer.train import export, train
 
 
 def _state(n: int = 4096, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -158,6 +158,28 @@ def test_several_runs_share_a_chunk(tiny_data, tmp_path, monkeypatch):
     cfg2 = cfg.override(steps=3, data=str(repo / device.FOLDER / "train"), compact_checkpoint=True,
                         eval_data=str(repo / device.FOLDER / "test"), batch=4)
     assert train(cfg2, tmp_path / "new", progress=False)["step"] == 3  # and it resumes here
+
+
+def test_a_failed_run_fails_the_chunk_but_keeps_the_others(tiny_data, tmp_path):
+    """One run of a chunk that fails (here a model file of another preset) makes the chunk's exit status
+    non-zero, and the run beside it still comes back whole."""
+    repo = _git_repo(tmp_path / "repo")
+    other = tmp_path / "other.safetensors"
+    cfg = TrainConfig(preset="tiny", dequant="uniform", data=str(tiny_data / "train.npz"),
+                      eval_data=str(tiny_data / "test.npz"), batch=4, warmup=1, eval_images=4, eval_n_t=2,
+                      eval_every=0, save_every=0, steps=1, bf16=False)
+    train(cfg, tmp_path / "r", progress=False)
+    export(tmp_path / "r", other, calib_images=0)
+    jobs = [device.Job("bad", init_from=other, train_args="--preset cpu --steps 2 --threads 1"),
+            device.Job("good", train_args="--preset tiny --dequant uniform --batch 4 --steps 2 --eval-n-t 2 "
+                                          "--threads 1 --no-bf16")]
+    device.prepare(repo, str(tiny_data / "train.npz"), str(tiny_data / "test.npz"), jobs=jobs, eval_images=4)
+    out = tmp_path / "OUT"
+    r = _run_chunk(repo, out, tmp_path)
+    assert r.returncode != 0 and "does not match preset 'cpu'" in (out / "bad.log").read_text()
+    assert device.unpack(out, tmp_path / "good", job="good")["step"] == 2
+    with pytest.raises(ValueError, match="no run 'bad' came back"):
+        device.unpack(out, tmp_path / "bad", job="bad")
 
 
 def test_jobs_that_cannot_be(tiny_data, tmp_path):
