@@ -151,6 +151,16 @@ def test_several_runs_share_a_chunk(tiny_data, tmp_path, monkeypatch):
     subprocess.run(["tar", "-cf", str(broken / "chunk.tar.00"), "new"], cwd=broken, check=True)
     with pytest.raises(FileNotFoundError, match=r"run 'new'\): no state.json came back \(see new.log\)"):
         device.unpack(broken, tmp_path / "x", job="new")
+    # a member that would climb out of the run's folder is never written
+    import tarfile
+    import tempfile
+    name = f"escaped-{os.getpid()}-{os.urandom(4).hex()}.txt"
+    with tarfile.open(broken / "chunk.tar.00", "w") as tar:
+        tar.add(broken / "new" / "config.json", arcname="new/config.json")
+        tar.add(broken / "new" / "config.json", arcname=f"new/../../{name}")
+    with pytest.raises(FileNotFoundError):
+        device.unpack(broken, tmp_path / "x", job="new")
+    assert not (Path(tempfile.gettempdir()) / name).exists()
     (out / parts[-1]).unlink()  # a part lost on the way
     with pytest.raises(ValueError, match="incomplete or damaged"):
         device.unpack(out, tmp_path / "y", job="new")
