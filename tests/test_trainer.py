@@ -184,12 +184,15 @@ def test_ddp_time_limit_stops_every_rank_on_the_same_step(cifar_small, tmp_path)
            "-m", "trainer", "train", "--preset", "tiny", "--dequant", "uniform",
            "--data", str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"),
            "--steps", "100000", "--batch", "8", "--eval-every", "1", "--eval-images", "16", "--eval-n-t", "2",
-           "--save-every", "0", "--max-minutes", "0.15", "--out", str(out), "--no-progress", "--threads", "1",
-           "--device", "cpu"]
+           "--save-every", "0", "--max-minutes", "0.15", "--cool-minutes", "0.1", "--out", str(out),
+           "--no-progress", "--threads", "1", "--device", "cpu", "--log-every", "1", "--lr", "1e-3", "--warmup", "1"]
     r = _torchrun(cmd, timeout=240, log=tmp_path / "torchrun.log")
     assert r.returncode == 0, r.stderr[-2000:]
     _, state = ckpt.load_checkpoint(out / "checkpoint")
     assert 2 <= state["step"] < 100000 and state["images"] == state["step"] * 8
+    # the clock-timed cool-down ran on rank 0's clock, broadcast to the other rank each step
+    lrs = [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] < 1e-3
 
 
 def test_eval_crops_spread_over_few_images():

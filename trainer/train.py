@@ -245,7 +245,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             if cfg.max_minutes and _time_is_up(time.perf_counter() - t_start > 60 * cfg.max_minutes, world, dev):
                 break
             x = sampler.sample(local_batch).to(dev, non_blocking=True)
-            lr = cooled(cfg, lr_at(cfg, step), time.perf_counter() - t_start)
+            lr = cooled(cfg, lr_at(cfg, step), _rank0_clock(time.perf_counter() - t_start, world, cfg, dev))
             for g in opt.param_groups:
                 g["lr"] = lr
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -304,6 +304,17 @@ def _time_is_up(mine: bool, world: int, dev) -> bool:
     flag = torch.tensor([int(mine)], device=dev)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
+
+
+def _rank0_clock(elapsed: float, world: int, cfg: TrainConfig, dev) -> float:
+    """The seconds the clock-timed cool-down goes by: rank 0's, on every rank. Each rank's own
+    clock differs by a little, so each would step with another lr and the replicas (which DDP keeps
+    equal only by their equal steps) would drift apart."""
+    if world == 1 or not cfg.cool_minutes:
+        return elapsed
+    t = torch.tensor([elapsed], dtype=torch.float64, device=dev)
+    dist.broadcast(t, 0)
+    return float(t.item())
 
 
 def eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed) -> dict:
