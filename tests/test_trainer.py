@@ -195,6 +195,30 @@ def test_ddp_time_limit_stops_every_rank_on_the_same_step(cifar_small, tmp_path)
     assert lrs[0] == pytest.approx(1e-3) and lrs[-1] < 1e-3
 
 
+def _clock_rank(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from trainer.train import _rank0_clock
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        cfg = TrainConfig(max_minutes=1.0, cool_minutes=0.5)
+        got = [_rank0_clock(10.0 + rank, 2, cfg, torch.device("cpu")),
+               _rank0_clock(10.0 + rank, 2, TrainConfig(max_minutes=1.0), torch.device("cpu"))]
+        Path(out, f"rank{rank}.json").write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_cool_down_goes_by_rank_0s_clock(tmp_path):
+    """Two ranks whose clocks differ see rank 0's seconds with a clock-timed cool-down (the same lr,
+    so the DDP replicas stay equal), their own without one (no collective then)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_clock_rank, args=(f"file://{tmp_path / 'init'}", str(tmp_path)), nprocs=2, join=True)
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [[10.0, 10.0], [10.0, 11.0]]
+
+
 def test_eval_crops_spread_over_few_images():
     """Many images: the centre crop of each of the first n. Few: a regular grid of crops per image."""
     rng = np.random.default_rng(0)
