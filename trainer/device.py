@@ -142,9 +142,10 @@ def _state_bytes(job: Job, dd_run: Path | None) -> int:
     return 8 * sum(p.numel() for m in (model, dequant) for p in m.parameters()) + 4096
 
 
-def _job_state(job: Job, dd: Path, single: bool) -> tuple[str, Path | None]:
-    """Copy a job's state into dd (its run's checkpoint in the compact layout, or its model file);
-    returns the trainer's --init-from option and where its run directory travels."""
+def _job_state(job: Job, dd: Path, single: bool, tracked: set[Path]) -> tuple[str, Path | None]:
+    """Copy a job's state into dd (its run's checkpoint in the compact layout, or its model file, unless
+    the repository tracks it: `tracked`, the repository's files); returns the trainer's --init-from
+    option and where its run directory travels."""
     if job.run is not None and job.init_from is not None:
         raise ValueError("give a run to continue or a model to start from, not both")
     if job.run is not None:
@@ -163,7 +164,7 @@ def _job_state(job: Job, dd: Path, single: bool) -> tuple[str, Path | None]:
         return "", dest
     if job.init_from is not None:
         src = Path(job.init_from).resolve()
-        if src in set(_git_files(dd.parent)):  # a shipped model: it travels with the tracked files already
+        if src in tracked:  # a shipped model: it travels with the tracked files already
             return f" --init-from {shlex.quote(src.relative_to(dd.parent).as_posix())}", None
         name = "init.safetensors" if single else f"{job.name}.init.safetensors"
         shutil.copy2(job.init_from, dd / name)
@@ -186,7 +187,7 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     ValueError when what would travel is over `limit` anyway, or when the checkpoints would not
     come back in RETURN_FILES files."""
     repo = Path(repo).resolve()
-    _git_files(repo)  # a checkout, or one clear error before any work
+    tracked = set(_git_files(repo))  # a checkout, or one clear error before any work
     single = jobs is None
     if single:
         jobs = [Job("run", run, init_from, train_args)]
@@ -203,7 +204,7 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     dd.mkdir()
 
     # the states, and whether they come back
-    states = {j.name: _job_state(j, dd, single) for j in jobs}
+    states = {j.name: _job_state(j, dd, single, tracked) for j in jobs}
     if single:
         if states["run"][1] is not None:
             n_shards = len(json.loads((dd / "run" / "checkpoint" / "state.json").read_text())["shards"])
