@@ -3,6 +3,7 @@ limit, export gives a model the codec loads, DDP runs under torchrun (CPU, gloo)
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,37 @@ def test_variational_second_stage_and_export(cifar_small, tmp_path):
     r = CliRunner().invoke(main, ["plot", str(tmp_path / "s1"), "-o", str(tmp_path / "curve"), "--force"])
     assert r.exit_code == 0 and Image.open(tmp_path / "curve").format == "PNG"  # the name as given
     assert not (tmp_path / "curve.png").exists() and not list(tmp_path.glob(".curve*"))
+
+
+def test_export_measures_its_table_where_the_data_is(cifar_small, tmp_path):
+    """A run whose training data is not where its config says (a device run names its .device_data copy,
+    left on the device): export says so in one line and makes nothing; --calib-data names the images, and
+    the table is the one the run's own path gives (0.9.36: before, a FileNotFoundError on that path)."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(cifar_small / "train.npz", data / "train.npz")
+    train(_cfg(data, steps=2, eval_data=""), tmp_path / "r", progress=False)
+    export(tmp_path / "r", tmp_path / "here.safetensors", calib_images=8)
+    (data / "train.npz").rename(tmp_path / "moved.npz")
+    out = tmp_path / "m.safetensors"
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "r"), "-o", str(out), "--calib-images", "8"])
+    assert r.exit_code == 2 and r.stderr == (
+        f"trainer: error: the run's training data is not here ({data / 'train.npz'}): give the same images as the "
+        "calibration data (export --calib-data PATH), or no table (--calib-images 0)\n"), r.output
+    assert not out.exists()
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "r"), "-o", str(out), "--calib-images", "8",
+                                  "--calib-data", str(tmp_path / "moved.npz")])
+    assert r.exit_code == 0, r.output
+    table = load_model_file(out).config["info"]["eps_mse"]
+    assert table == load_model_file(tmp_path / "here.safetensors").config["info"]["eps_mse"]
+    assert len(table["mse"]) == 65 and all(0 < m < 2 for m in table["mse"])
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "r"), "-o", str(tmp_path / "n.safetensors"),
+                                  "--calib-images", "0"])  # no table: no data needed
+    assert r.exit_code == 0 and "eps_mse" not in load_model_file(tmp_path / "n.safetensors").config["info"]
 
 
 def test_checkpoint_shards_stay_under_the_limit(tmp_path):

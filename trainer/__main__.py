@@ -133,19 +133,22 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
 @click.option("--name", default=None, help="Model name recorded in the file (default: the file stem).")
 @click.option("--calib-images", type=int, default=512, show_default=True,
               help="Training images to measure the denoising-error table on (0: none).")
+@click.option("--calib-data", default=None, type=click.Path(exists=True, path_type=Path),
+              help="Where those images are (.npz or folder; default: the run's --data, which a device run "
+                   "had in its .device_data copy: give the original).")
 @click.option("--tile", type=click.IntRange(*TILE_RANGE), default=None,
               help="The tile size the codec uses with it unless told otherwise (default: 32; photos: 64).")
 @click.option("--chain-steps", type=click.IntRange(*STEPS_RANGE), default=None,
               help="The chain mode's steps with it unless told otherwise (default: the codec's 128).")
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
-def export(run, output, fp16, name, calib_images, tile, chain_steps, force):
+def export(run, output, fp16, name, calib_images, calib_data, tile, chain_steps, force):
     """Export a run's EMA model for the codec (one .safetensors with its config)."""
     from .train import export as do_export
 
     with _input_errors():
         _new_output(output, force)
         sha = do_export(run, output, dtype="float16" if fp16 else "float32", name=name, calib_images=calib_images,
-                        tile=tile, chain_steps=chain_steps)
+                        tile=tile, chain_steps=chain_steps, calib_data=calib_data)
     click.echo(f"{output}: sha256 {sha}")
 
 

@@ -349,20 +349,26 @@ def calibrate(model, data: str, images: int = 512, seed: int = 0, dequant: nn.Mo
 
 def export(run: str | Path, path: str | Path, dtype: str = "float32", name: str | None = None,
            extra: dict | None = None, calib_images: int = 512, tile: int | None = None,
-           chain_steps: int | None = None) -> str:
+           chain_steps: int | None = None, calib_data: str | Path | None = None) -> str:
     """Write the EMA model of a run as the one-file format the codec loads; returns its sha256.
 
     With calib_images > 0 the file also carries the model's denoising-error table, measured on
-    that many training images (chain mode's reverse variances). tile / chain_steps, where given,
+    that many training images (chain mode's reverse variances): the run's training data, or
+    calib_data where given (the same images elsewhere: a run trained on a device names its
+    .device_data copy, which stays there). tile / chain_steps, where given,
     are recorded as the defaults the codec uses with the model (modelfile's "codec").
     """
     from scoreflow_codec import modelfile
 
     model, dequant, mconfig, state = load_ema(run)
+    data = calib_data or state["config"]["data"]
+    if calib_images > 0 and not Path(data).exists():
+        raise FileNotFoundError(f"the run's training data is not here ({data}): give the same images as the "
+                                "calibration data (export --calib-data PATH), or no table (--calib-images 0)")
     info = {"step": state["step"], "images_seen": state.get("images", 0), "train_seconds": state.get("elapsed", 0.0),
             "train_config": state["config"], "last_eval": state.get("last", {}), **(extra or {})}
     if calib_images > 0:
-        info["eps_mse"] = calibrate(model, state["config"]["data"], calib_images, dequant=dequant)
+        info["eps_mse"] = calibrate(model, data, calib_images, dequant=dequant)
     info["name"] = name or Path(path).stem  # the name the codec loads it as (modelfile reads info's)
     config = {"preset": mconfig["preset"], "info": info, "codec": {"tile": tile, "chain_steps": chain_steps}}
     return modelfile.save_model(path, model, dequant, config, dtype=dtype)
