@@ -234,11 +234,11 @@ def _shown(path) -> str:
     return STDIO_NAME if _stdio(path) else str(path)
 
 
-def _read_stdin(what: str) -> bytes:
+def _stdin_stream(what: str):
     stream = click.get_binary_stream("stdin")
     if stream.isatty():
         raise UsageError(f"- reads {what} from standard input, which is a terminal: redirect or pipe one in")
-    return stream.read()
+    return stream
 
 
 def _check_stdout() -> None:
@@ -272,15 +272,20 @@ def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
 def _stdin_image():
     """The image on standard input: read whole, through a temporary file (as load_image reads every
     kind), its errors naming <stdin>."""
-    return _image_of_bytes(_read_stdin("an image"), STDIO_NAME)
+    from scoreflow_codec import images
+
+    return _image_of_bytes(images.read_image_stream(_stdin_stream("an image"), STDIO_NAME), STDIO_NAME)
 
 
 def _piped_image(path: Path):
     """The image in a named pipe or a device (`sfcodec compress <(curl ...)`, a FIFO: fileio.is_read_once),
     which can be read once: read whole, as standard input is (0.9.34; load_image opened it a second time
     for the metadata, and waited for a writer that never came)."""
+    from scoreflow_codec import images
+
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = images.read_image_stream(f, str(path))
     except OSError as e:
         raise BadImageError(f"{path}: cannot read: {e.strerror or e}") from None
     return _image_of_bytes(data, str(path))
@@ -315,13 +320,18 @@ def _naming(path):
 
 
 def _read_sfc(path: Path) -> bytes:
+    """A .sfc file's bytes, read to the end only after its magic number (container.read_stream: a device
+    or a pipe that never ends is refused at its first bytes)."""
+    from scoreflow_codec import container
+
     if _stdio(path):
-        return _read_stdin("a .sfc file")
+        return container.read_stream(_stdin_stream("a .sfc file"))
     if not path.exists():
         raise BadFileError(f"{path}: no such file")
     if path.is_dir():
         raise BadFileError(f"{path}: is a directory")
-    return path.read_bytes()
+    with open(path, "rb") as f:
+        return container.read_stream(f)
 
 
 def _image_bytes(src, path: Path, warnings: list[str]) -> bytes:

@@ -288,6 +288,16 @@ def head(path) -> bytes:
     return data
 
 
+def read_stream(f) -> bytes:
+    """A .sfc file's bytes from an open binary stream (a file, standard input, a device), read to its
+    end only when its first bytes are the magic number: anything else is refused as _parse_header
+    refuses it, at once (0.9.36: `sfcodec decompress /dev/zero` read for ever)."""
+    first = f.read(len(MAGIC))
+    if first != MAGIC:
+        _parse_header(first)  # not a .sfc file, or one cut inside the magic number: raises
+    return first + f.read()
+
+
 def format_version(data: bytes) -> int:
     """The format version of .sfc bytes whose header checks out (peek_header's checks)."""
     return _parse_header(data)[2]

@@ -346,6 +346,31 @@ def load_image(path: str | os.PathLike) -> SourceImage:
         return _load_image(Path(path))
 
 
+SNIFF_BYTES = 1 << 20  # what read_image_stream reads before it knows whether the stream is an image
+
+
+def read_image_stream(f, name: str) -> bytes:
+    """An image's bytes from a stream that can be read only once (standard input, a pipe, a device),
+    read to the end only when its first bytes are an image's as Pillow tells them: by the 16-byte
+    prefix its formats' checks accept, or, for the formats that have none (TGA, IM, ...), by opening
+    the first SNIFF_BYTES. Anything else is refused at once with load_image's words (0.9.36:
+    `sfcodec compress /dev/zero` read for ever)."""
+    import io
+
+    Image.init()
+    first = f.read(SNIFF_BYTES)
+    accepts = [Image.OPEN[i][1] for i in Image.ID]
+    if not any(a is not None and a(first[:16]) for a in accepts):
+        try:
+            with _no_bomb_warning(), Image.open(io.BytesIO(first), formats=[i for i in Image.ID if Image.OPEN[i][1] is None]):
+                pass
+        except Image.DecompressionBombError:
+            pass  # an image (load_image says how large)
+        except Exception as e:
+            raise BadImageError(f"{name}: not an image Pillow can read ({e.__class__.__name__})") from None
+    return first + f.read()
+
+
 def _bomb_size(e: Exception) -> str:
     """The pixel count of Pillow's DecompressionBombError's message, for our own "too large" message."""
     import re

@@ -519,6 +519,77 @@ def _unfeed(fifo: Path, t) -> None:
     t.join(5)
 
 
+class _Endless(io.RawIOBase):
+    """A stream that never ends (/dev/zero, `yes |`): `byte` for ever, counting what was read."""
+
+    def __init__(self, byte: bytes = b"\0"):
+        self.byte, self.given = byte, 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        b[:] = self.byte * len(b)
+        self.given += len(b)
+        return len(b)
+
+
+def _in_time(fn, seconds=120):
+    import threading
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "read for ever"
+    return out[0]
+
+
+def test_an_endless_input_is_refused_at_its_first_bytes(tmp_path):
+    """A device or a stream that never ends and is no image or .sfc (/dev/zero, `yes | sfcodec ...`): one
+    line and the input's exit code after its first bytes (before 0.9.36 each command read it for ever);
+    nothing written. An image that Pillow tells by opening it, not by its first bytes (TGA), still comes
+    through standard input."""
+    from scoreflow_codec import container
+
+    out = tmp_path / "o.sfc"
+    for byte in (b"\0", b"y"):
+        for args, code, words in ((("compress", "-", "-o", out), EXIT["image"], "<stdin>: not an image"),
+                                  (("verify", "-"), EXIT["image"], "<stdin>: not an image"),
+                                  (("decompress", "-", "-o", tmp_path / "o.png"), EXIT["sfc"], "<stdin>: not a .sfc file"),
+                                  (("info", "-"), EXIT["sfc"], "<stdin>: not a .sfc file")):
+            stream = _Endless(byte)
+            r = _in_time(lambda: CliRunner().invoke(cli, [str(a) for a in args], input=io.BufferedReader(stream),
+                                                    prog_name="sfcodec", catch_exceptions=False))
+            assert_error(r, code, words)
+            assert stream.given <= images.SNIFF_BYTES + io.DEFAULT_BUFFER_SIZE, (args, stream.given)
+    if Path("/dev/zero").exists():
+        for args, code, words in ((("compress", "/dev/zero", "-o", out), EXIT["image"], "/dev/zero: not an image"),
+                                  (("verify", "/dev/zero"), EXIT["image"], "/dev/zero: not an image"),
+                                  (("decompress", "/dev/zero", "-o", tmp_path / "o.png"), EXIT["sfc"],
+                                   "/dev/zero: not a .sfc file (wrong magic number)"),
+                                  (("info", "/dev/zero"), EXIT["sfc"], "/dev/zero: not a .sfc file")):
+            assert_error(_in_time(lambda: sfcodec(*args)), code, words)
+    assert sorted(tmp_path.iterdir()) == []
+    # the magic number's own messages, as for a file (container._parse_header)
+    with pytest.raises(container.BadFileError, match="cut inside the magic number"):
+        container.read_stream(io.BytesIO(container.MAGIC[:5]))
+    with pytest.raises(container.BadFileError, match="too short to hold the magic number"):
+        container.read_stream(io.BytesIO(b""))
+    sfc = container.MAGIC + b"whatever follows"
+    assert container.read_stream(io.BufferedReader(io.BytesIO(sfc))) == sfc
+    rgb = _smooth_rgb(8, 12)
+    for fmt in ("TGA", "TIFF", "PNG"):
+        buf = io.BytesIO()
+        Image.fromarray(rgb, "RGB").save(buf, fmt)
+        assert images.read_image_stream(io.BytesIO(buf.getvalue()), "x") == buf.getvalue()
+        assert_ok(_piped("compress", "-", "-o", out, "--fallback", "seed", "-q", data=buf.getvalue()))
+        assert_ok(sfcodec("decompress", out, "-o", tmp_path / "back.png", "-q"))
+        assert np.array_equal(np.asarray(Image.open(tmp_path / "back.png")), rgb)
+        out.unlink()
+        (tmp_path / "back.png").unlink()
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
 def test_an_input_from_a_pipe_is_read_once(tmp_path):
     """An input that is a named pipe (`sfcodec compress <(curl ...)`: /dev/fd/N) can be read only once: compress,
