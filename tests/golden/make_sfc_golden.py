@@ -96,6 +96,9 @@ CASES = {
     # bits), a 32-bit grey + alpha one of 12-bit samples shifted up 4 bits, a 16-bit grey one of 10-bit
     # samples scaled to 16 bits (a table of values)
     "seed-deep": ("photo", [(96, 64), (64, 48), (64, 64)], ["--fallback", "seed"], "deep"),
+    # 0.9.36: the cifar10 model of 0.9.36, preset small, the first GPU-trained one (0.9.7 - 0.9.35's
+    # is cifar10-12 in the zoo now)
+    "cifar10-x14": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
