@@ -359,8 +359,7 @@ def read_image_stream(f, name: str) -> bytes:
 
     Image.init()
     first = f.read(SNIFF_BYTES)
-    accepts = [Image.OPEN[i][1] for i in Image.ID]
-    if not any(a is not None and a(first[:16]) for a in accepts):
+    if not any(_accepts(Image.OPEN[i][1], first[:16]) for i in Image.ID):
         try:
             with _no_bomb_warning(), Image.open(io.BytesIO(first), formats=[i for i in Image.ID if Image.OPEN[i][1] is None]):
                 pass
@@ -369,6 +368,17 @@ def read_image_stream(f, name: str) -> bytes:
         except Exception as e:
             raise BadImageError(f"{name}: not an image Pillow can read ({e.__class__.__name__})") from None
     return first + f.read()
+
+
+def _accepts(check, prefix: bytes) -> bool:
+    """A Pillow format's check of a file's first bytes; a check that fails on them (some unpack more
+    bytes than an empty or short input has: struct.error) says no, as Image.open takes it."""
+    if check is None:
+        return False
+    try:
+        return bool(check(prefix))
+    except Exception:
+        return False
 
 
 def _bomb_size(e: Exception) -> str:

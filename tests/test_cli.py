@@ -576,6 +576,9 @@ def test_an_endless_input_is_refused_at_its_first_bytes(tmp_path):
         container.read_stream(io.BytesIO(container.MAGIC[:5]))
     with pytest.raises(container.BadFileError, match="too short to hold the magic number"):
         container.read_stream(io.BytesIO(b""))
+    for short in (b"", b"\0", b"II*"):  # shorter than some formats' checks read (0.9.36's first try: struct.error)
+        with pytest.raises(images.BadImageError, match="^x: not an image Pillow can read"):
+            images.read_image_stream(io.BytesIO(short), "x")
     sfc = container.MAGIC + b"whatever follows"
     assert container.read_stream(io.BufferedReader(io.BytesIO(sfc))) == sfc
     rgb = _smooth_rgb(8, 12)
