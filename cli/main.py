@@ -210,8 +210,7 @@ def _sections(rep) -> str:
 def _load_images(paths, keep_metadata: bool) -> list:
     from scoreflow_codec import images
 
-    sources = [_stdin_image() if _stdio(p) else _piped_image(p) if is_read_once(p) else images.load_image(p)
-               for p in paths]
+    sources = [_read_once_image(p) if _stdio(p) or is_read_once(p) else images.load_image(p) for p in paths]
     if not keep_metadata:  # the pixels alone, as asked: nothing kept, nothing to say was not
         for s in sources:
             s.metadata, s.not_kept = {}, []
@@ -269,26 +268,23 @@ def _write(path: Path, data: bytes, like: list[Path] = ()) -> None:
         raise WriteError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
-def _stdin_image():
-    """The image on standard input: read whole, through a temporary file (as load_image reads every
-    kind), its errors naming <stdin>."""
+def _read_once_image(path):
+    """The image on standard input ("-"; 0.9.30) or in a named pipe or a device (`sfcodec compress <(curl
+    ...)`, a FIFO: fileio.is_read_once; 0.9.34: load_image opened it a second time for the metadata, and
+    waited for a writer that never came), which can be read once: read whole (images.read_image_stream:
+    an endless input is refused at its first bytes), its errors naming it."""
     from scoreflow_codec import images
 
-    return _image_of_bytes(images.read_image_stream(_stdin_stream("an image"), STDIO_NAME), STDIO_NAME)
-
-
-def _piped_image(path: Path):
-    """The image in a named pipe or a device (`sfcodec compress <(curl ...)`, a FIFO: fileio.is_read_once),
-    which can be read once: read whole, as standard input is (0.9.34; load_image opened it a second time
-    for the metadata, and waited for a writer that never came)."""
-    from scoreflow_codec import images
-
+    name = _shown(path)
     try:
-        with open(path, "rb") as f:
-            data = images.read_image_stream(f, str(path))
+        if _stdio(path):
+            data = images.read_image_stream(_stdin_stream("an image"), name)
+        else:
+            with open(path, "rb") as f:
+                data = images.read_image_stream(f, name)
     except OSError as e:
-        raise BadImageError(f"{path}: cannot read: {e.strerror or e}") from None
-    return _image_of_bytes(data, str(path))
+        raise BadImageError(f"{name}: cannot read: {e.strerror or e}") from None
+    return _image_of_bytes(data, name)
 
 
 def _image_of_bytes(data: bytes, name: str):

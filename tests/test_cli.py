@@ -553,23 +553,19 @@ def test_an_endless_input_is_refused_at_its_first_bytes(tmp_path):
     from scoreflow_codec import container
 
     out = tmp_path / "o.sfc"
-    for byte in (b"\0", b"y"):
-        for args, code, words in ((("compress", "-", "-o", out), EXIT["image"], "<stdin>: not an image"),
-                                  (("verify", "-"), EXIT["image"], "<stdin>: not an image"),
-                                  (("decompress", "-", "-o", tmp_path / "o.png"), EXIT["sfc"], "<stdin>: not a .sfc file"),
-                                  (("info", "-"), EXIT["sfc"], "<stdin>: not a .sfc file")):
-            stream = _Endless(byte)
-            r = _in_time(lambda: CliRunner().invoke(cli, [str(a) for a in args], input=io.BufferedReader(stream),
-                                                    prog_name="sfcodec", catch_exceptions=False))
-            assert_error(r, code, words)
-            assert stream.given <= images.SNIFF_BYTES + io.DEFAULT_BUFFER_SIZE, (args, stream.given)
-    if Path("/dev/zero").exists():
-        for args, code, words in ((("compress", "/dev/zero", "-o", out), EXIT["image"], "/dev/zero: not an image"),
-                                  (("verify", "/dev/zero"), EXIT["image"], "/dev/zero: not an image"),
-                                  (("decompress", "/dev/zero", "-o", tmp_path / "o.png"), EXIT["sfc"],
-                                   "/dev/zero: not a .sfc file (wrong magic number)"),
-                                  (("info", "/dev/zero"), EXIT["sfc"], "/dev/zero: not a .sfc file")):
-            assert_error(_in_time(lambda: sfcodec(*args)), code, words)
+    commands = ((("compress", "IN", "-o", out), EXIT["image"], "{}: not an image"),
+                (("verify", "IN"), EXIT["image"], "{}: not an image"),
+                (("decompress", "IN", "-o", tmp_path / "o.png"), EXIT["sfc"], "{}: not a .sfc file (wrong magic number)"),
+                (("info", "IN"), EXIT["sfc"], "{}: not a .sfc file (wrong magic number)"))
+    inputs = [("-", b"\0"), ("-", b"y")] + ([("/dev/zero", None)] if Path("/dev/zero").exists() else [])
+    for path, byte in inputs:  # standard input that never ends (its bytes counted), then the device
+        for args, code, words in commands:
+            argv = [path if a == "IN" else str(a) for a in args]
+            stream = _Endless(byte) if byte is not None else None
+            r = _in_time(lambda: sfcodec(*argv) if stream is None else CliRunner().invoke(
+                cli, argv, input=io.BufferedReader(stream), prog_name="sfcodec", catch_exceptions=False))
+            assert_error(r, code, words.format("<stdin>" if path == "-" else path))
+            assert stream is None or stream.given <= images.SNIFF_BYTES + io.DEFAULT_BUFFER_SIZE, (argv, stream.given)
     assert sorted(tmp_path.iterdir()) == []
     # the magic number's own messages, as for a file (container._parse_header)
     with pytest.raises(container.BadFileError, match="cut inside the magic number"):
