@@ -589,6 +589,22 @@ def test_an_endless_input_is_refused_at_its_first_bytes(tmp_path):
         (tmp_path / "back.png").unlink()
 
 
+def test_a_failing_read_of_standard_input_or_a_pipe_is_one_line(tmp_path, monkeypatch):
+    """An input read once whose read fails (a device's I/O error, a pipe whose writer vanished): one line
+    naming it and the image's exit code, nothing written."""
+    import errno
+
+    def broken(stream, name):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(images, "read_image_stream", broken)
+    out = tmp_path / "o.sfc"
+    assert_error(_piped("compress", "-", "-o", out, data=b"\x89PNG"), EXIT["image"], "<stdin>: cannot read: Input/output error")
+    if Path("/dev/zero").exists():  # a device: read once
+        assert_error(sfcodec("compress", "/dev/zero", "-o", out), EXIT["image"], "/dev/zero: cannot read: Input/output error")
+    assert sorted(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")
 def test_an_input_from_a_pipe_is_read_once(tmp_path):
     """An input that is a named pipe (`sfcodec compress <(curl ...)`: /dev/fd/N) can be read only once: compress,
