@@ -15,6 +15,7 @@ overwrite the first.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -180,6 +181,13 @@ def error_line(name, e: SfcError) -> str:
     return f"sfcodec: error: {named(name, str(e))}"
 
 
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove those of `folders` that are empty, the deepest first (a folder with a file in it stays)."""
+    for f in sorted(set(folders), key=lambda f: len(f.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            f.rmdir()
+
+
 def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: str, out_dir: Path | None,
         outcomes: list | None = None) -> int:
     """Each task (inputs, output, opts) through attempt(fn, ...), at most `jobs` processes (None: the usable
@@ -187,10 +195,13 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
     each file's line as it ends and a total -> the exit code. out_dir None (verify: nothing written, each
     task's output slot the name its line shows): the lines on standard output, the warnings and errors on
     standard error. outcomes: a list to receive each task's Outcome, in the tasks' order."""
+    made: list[Path] = []  # the folders this run makes: those left empty go again at its end (0.9.37)
     try:
         for folder in [] if out_dir is None else [out_dir, *sorted({t[1].parent for t in tasks} - {out_dir})]:
+            made += [f for f in (folder, *folder.parents) if not f.exists()]
             folder.mkdir(parents=True, exist_ok=True)  # -r: a folder input's subfolders too
     except OSError as e:
+        _remove_empty(made)
         raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
     # --jobs (default: the usable cores) counts processes in all: files at once, and where there are fewer
     # files than that, each file's parts (a photograph above 1024x1024) in the rest; one file at a time
@@ -237,6 +248,7 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
     finally:
         if bar is not None:
             bar.close()
+        _remove_empty(made)  # every file failed (or was interrupted): no empty folders left behind
     failed = [k for k in range(len(tasks)) if outcomes_by[k].code != 0]
     done = [outcomes_by[k].summary for k in range(len(tasks)) if outcomes_by[k].code == 0 and outcomes_by[k].summary]
     skipped = sum(outcomes_by[k].code == 0 and outcomes_by[k].summary is None for k in range(len(tasks)))

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import click
@@ -320,14 +320,16 @@ def _read_sfc(path: Path) -> bytes:
     or a pipe that never ends is refused at its first bytes)."""
     from scoreflow_codec import container
 
-    if _stdio(path):
-        return container.read_stream(_stdin_stream("a .sfc file"))
-    if not path.exists():
-        raise BadFileError(f"{path}: no such file")
-    if path.is_dir():
-        raise BadFileError(f"{path}: is a directory")
-    with open(path, "rb") as f:
-        return container.read_stream(f)
+    if not _stdio(path):
+        if not path.exists():
+            raise BadFileError(f"{path}: no such file")
+        if path.is_dir():
+            raise BadFileError(f"{path}: is a directory")
+    try:
+        with nullcontext(_stdin_stream("a .sfc file")) if _stdio(path) else open(path, "rb") as f:
+            return container.read_stream(f)
+    except OSError as e:  # no permission, an I/O error: one line, as an image's (before 0.9.37 an internal error)
+        raise BadFileError(f"{_shown(path)}: cannot read: {e.strerror or e}") from None
 
 
 def _image_bytes(src, path: Path, warnings: list[str]) -> bytes:

@@ -589,20 +589,32 @@ def test_an_endless_input_is_refused_at_its_first_bytes(tmp_path):
         (tmp_path / "back.png").unlink()
 
 
-def test_a_failing_read_of_standard_input_or_a_pipe_is_one_line(tmp_path, monkeypatch):
-    """An input read once whose read fails (a device's I/O error, a pipe whose writer vanished): one line
-    naming it and the image's exit code, nothing written."""
+def test_a_failing_read_is_one_line(tmp_path, monkeypatch):
+    """An input whose read fails (a device's I/O error, a pipe whose writer vanished, a .sfc without read
+    permission): one line naming it and the input's exit code, nothing written (before 0.9.37 a .sfc's,
+    and standard input's, was an internal error)."""
     import errno
 
-    def broken(stream, name):
+    from scoreflow_codec import container
+
+    def broken(*args):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(images, "read_image_stream", broken)
+    good = save_png(Image.fromarray(_smooth_rgb(8, 12), "RGB"), tmp_path / "a.png")
+    sfc = tmp_path / "a.sfc"
+    assert_ok(sfcodec("compress", good, "-o", sfc, "--fallback", "seed", "-q"))
+    before = sorted(tmp_path.iterdir())
     out = tmp_path / "o.sfc"
+    monkeypatch.setattr(images, "read_image_stream", broken)
     assert_error(_piped("compress", "-", "-o", out, data=b"\x89PNG"), EXIT["image"], "<stdin>: cannot read: Input/output error")
     if Path("/dev/zero").exists():  # a device: read once
         assert_error(sfcodec("compress", "/dev/zero", "-o", out), EXIT["image"], "/dev/zero: cannot read: Input/output error")
-    assert sorted(tmp_path.iterdir()) == []
+    monkeypatch.setattr(container, "read_stream", broken)
+    for args in (("decompress", sfc, "-o", tmp_path / "o.png"), ("info", sfc)):
+        assert_error(sfcodec(*args), EXIT["sfc"], f"{sfc}: cannot read: Input/output error")
+    assert_error(_piped("decompress", "-", "-o", tmp_path / "o.png", data=b"SFC"), EXIT["sfc"],
+                 "<stdin>: cannot read: Input/output error")
+    assert sorted(tmp_path.iterdir()) == before
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes (POSIX)")

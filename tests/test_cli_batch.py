@@ -235,6 +235,37 @@ def test_a_single_file_fails_as_with_o(photos, tmp_path):
     assert list((tmp_path / "back" / "a.png").iterdir()) == []
 
 
+def test_folders_a_run_makes_and_writes_nothing_into_go_again(photos, tmp_path):
+    """-d DIR (and -r's subfolders under it) is made before the files run; where every file in one fails,
+    the run leaves no empty folder behind (before 0.9.37 it did). A folder that was there stays, and so
+    does one that a file was written into."""
+    bad = [tmp_path / "in" / "notes.png", tmp_path / "in" / "todo.png"]
+    for b in bad:
+        b.write_text("not an image")
+    out = tmp_path / "new" / "deeper"
+    for jobs in ("1", "2"):
+        r = sfcodec("compress", *bad, "-d", out, *SEED, "--jobs", jobs)
+        assert r.exit_code == EXIT["image"] and len(lines(r)) == 4, r.stderr
+        assert not (tmp_path / "new").exists()
+    r = sfcodec("compress", bad[0], "-d", out, *SEED)  # one file: as -o
+    assert r.exit_code == EXIT["image"] and not (tmp_path / "new").exists()
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    assert sfcodec("compress", *bad, "-d", keep, *SEED).exit_code == EXIT["image"]
+    assert keep.is_dir() and list(keep.iterdir()) == []
+    assert sfcodec("compress", bad[0], photos[0], "-d", out, *SEED).exit_code == EXIT["image"]
+    assert sorted(x.name for x in out.iterdir()) == ["a.sfc"]
+    f = tmp_path / "tree"  # -r: a subfolder whose files all fail goes, the others stay
+    (f / "sub").mkdir(parents=True)
+    (f / "ok").mkdir()
+    (f / "sub" / "x.png").write_text("not an image")
+    _image(f / "ok" / "y.png", 4)
+    r = sfcodec("compress", f, "-r", "-d", tmp_path / "tree-sfc", *SEED, "-q")
+    assert r.exit_code == EXIT["image"], r.stderr
+    assert sorted(str(x.relative_to(tmp_path / "tree-sfc")) for x in (tmp_path / "tree-sfc").rglob("*")) == [
+        "ok", "ok/y.sfc"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["compress", "{a}", "{b}", *SEED], "either -o"),                             # neither -o nor -d
     (["compress", "{a}", "-o", "{t}/x.sfc", "-d", "{t}/d", *SEED], "either -o"),  # both
