@@ -201,7 +201,6 @@ def run(fn: Callable, tasks: list[tuple], jobs: int | None, quiet: bool, verb: s
             made += [f for f in (folder, *folder.parents) if not f.exists()]
             folder.mkdir(parents=True, exist_ok=True)  # -r: a folder input's subfolders too
     except OSError as e:
-        _remove_empty(made)
         raise UsageError(f"{e.filename}: cannot make the directory ({e.strerror})") from None
     # --jobs (default: the usable cores) counts processes in all: files at once, and where there are fewer
     # files than that, each file's parts (a photograph above 1024x1024) in the rest; one file at a time
