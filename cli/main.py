@@ -275,16 +275,21 @@ def _read_once_image(path):
     an endless input is refused at its first bytes), its errors naming it."""
     from scoreflow_codec import images
 
-    name = _shown(path)
+    with _opened(path, "an image", BadImageError) as f:
+        data = images.read_image_stream(f, _shown(path))
+    return _image_of_bytes(data, _shown(path))
+
+
+@contextmanager
+def _opened(path, what: str, error: type[SfcError]):
+    """Standard input ("-") or the file at path, opened to read `what`; an OSError reading it (no
+    permission, a device's I/O error) is `error`, one line naming it (before 0.9.37 a .sfc's, and standard
+    input's, was an internal error)."""
     try:
-        if _stdio(path):
-            data = images.read_image_stream(_stdin_stream("an image"), name)
-        else:
-            with open(path, "rb") as f:
-                data = images.read_image_stream(f, name)
+        with nullcontext(_stdin_stream(what)) if _stdio(path) else open(path, "rb") as f:
+            yield f
     except OSError as e:
-        raise BadImageError(f"{name}: cannot read: {e.strerror or e}") from None
-    return _image_of_bytes(data, name)
+        raise error(f"{_shown(path)}: cannot read: {e.strerror or e}") from None
 
 
 def _image_of_bytes(data: bytes, name: str):
@@ -325,11 +330,8 @@ def _read_sfc(path: Path) -> bytes:
             raise BadFileError(f"{path}: no such file")
         if path.is_dir():
             raise BadFileError(f"{path}: is a directory")
-    try:
-        with nullcontext(_stdin_stream("a .sfc file")) if _stdio(path) else open(path, "rb") as f:
-            return container.read_stream(f)
-    except OSError as e:  # no permission, an I/O error: one line, as an image's (before 0.9.37 an internal error)
-        raise BadFileError(f"{_shown(path)}: cannot read: {e.strerror or e}") from None
+    with _opened(path, "a .sfc file", BadFileError) as f:
+        return container.read_stream(f)
 
 
 def _image_bytes(src, path: Path, warnings: list[str]) -> bytes:
