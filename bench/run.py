@@ -117,9 +117,7 @@ def _key_value(s: str) -> tuple[str, object]:
 def scoreflow_label(args, model) -> str:
     """The scoreflow column's settings as one line, the steps included: a model may bring its own
     (the shipped cifar10 chains 256), and --setting steps=N overrides them."""
-    from scoreflow_codec import api
-
-    steps = api.coding_settings(args.mode, model, args.sf_settings)["steps"]
+    steps = scoreflow_runner.coding_steps(args.mode, model, args.sf_settings)
     return (f"model={args.model} mode={args.mode} steps={steps} device={args.device} "
             f"arith={args.sf_settings.get('arith', 'exact64')}"
             f"{' seed_tiles=' + args.sf_settings['seed_tiles'] if 'seed_tiles' in args.sf_settings else ''}")

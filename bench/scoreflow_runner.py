@@ -41,6 +41,12 @@ def check_available() -> None:
     _import_api()
 
 
+def coding_steps(mode: str, model, settings: dict) -> int:
+    """The steps a stream of this mode codes with: the model's own default unless settings give them."""
+    api, _ = _import_api()
+    return api.coding_settings(mode, model, settings)["steps"]
+
+
 def resolve_model(name_or_path: str | None, sizes: list[tuple[int, int]] | None = None) -> str:
     """A zoo name or a file, as given; "auto" (or nothing): the model `sfcodec compress` picks for
     images of these (width, height) sizes, else the shipped default."""
@@ -173,8 +179,17 @@ def _code(images, api, model, mode, device, settings) -> dict:
             "model_bpd": None if rep.model_bytes is None else 8 * rep.model_bytes / dims,
             "seed_bpd": None if rep.seed_bytes is None else 8 * rep.seed_bytes / dims,
             "coded_by": rep.coded_by, "encode_s": t1 - t0,
-            "decode_s": t2 - t1, "lossless": lossless,
+            "decode_s": t2 - t1, "lossless": lossless, **_stream_shape(rep),
             "error": None if lossless else "decoded images differ from the inputs"}
+
+
+def _stream_shape(rep) -> dict:
+    """How the model's stream was made, where the report has one: its seed tiles of all tiles and the
+    sizes of its bits-back batches (what its times depend on: only the batches' tiles run the model)."""
+    st = getattr(rep, "stream", None)
+    if st is None:
+        return {}
+    return {"seed_tiles": [st.n_seed, st.n_tiles], "batch_sizes": [int(e - s) for s, e in st.batches]}
 
 
 def _same(decoded, original: np.ndarray) -> bool:

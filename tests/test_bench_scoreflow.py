@@ -21,7 +21,8 @@ def _stub_api(lossy: bool = False):
         buf = io.BytesIO()
         np.savez_compressed(buf, *images)
         n = len(buf.getvalue())
-        return buf.getvalue(), types.SimpleNamespace(model_bytes=n + 10, seed_bytes=n, coded_by="seed")
+        stream = types.SimpleNamespace(n_seed=1, n_tiles=len(images), batches=[(1, len(images))])
+        return buf.getvalue(), types.SimpleNamespace(model_bytes=n + 10, seed_bytes=n, coded_by="seed", stream=stream)
 
     def decompress(data, model, device):
         with np.load(io.BytesIO(data)) as z:
@@ -34,8 +35,12 @@ def _stub_api(lossy: bool = False):
         assert ode and bound
         return [{"bound_bpd": 3.0, "bound_bpd_nocorr": 3.1, "ode_nll_bpd": 2.9} for _ in images]
 
+    def coding_settings(mode, model, settings):
+        assert model == "stub-model"
+        return {"steps": 8, **settings}
+
     api = types.SimpleNamespace(compress_arrays=compress_arrays, decompress_arrays=decompress,
-                                evaluate_images=evaluate_images)
+                                evaluate_images=evaluate_images, coding_settings=coding_settings)
     zoo = types.SimpleNamespace(load_model=lambda name, device: "stub-model")
     return api, zoo
 
@@ -68,6 +73,9 @@ def test_scoreflow_columns(monkeypatch, tmp_path, npz_set, capsys, lossy):
     assert sf["seed_bpd"] == pytest.approx(sf["mean_bpd"]) and sf["n_seed_coded"] == 3
     assert "| 3 of 3 |" in table
     assert res["scoreflow"]["stream"]["lossless"] is not lossy
+    assert "mode=chain steps=8 " in res["settings"]["scoreflow"]  # the stand-in's steps: its API, not the real one
+    # what the stream's times depend on: its seed tiles, and the model's batches
+    assert res["scoreflow"]["stream"]["seed_tiles"] == [1, 3] and res["scoreflow"]["stream"]["batch_sizes"] == [2]
     assert res["scoreflow"]["stream"]["bpd"] == pytest.approx(
         8 * res["scoreflow"]["stream"]["nbytes"] / (3 * 8 * 8 * 3))
     assert (outdir / "actual_vs_nll.png").exists()
