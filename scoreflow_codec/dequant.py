@@ -18,6 +18,7 @@ All 1-D math (CDF, density, bisection) runs in float64; the networks run in thei
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -92,6 +93,43 @@ def group_masks(shape: tuple[int, int, int], spatial: str, channel_groups: int) 
             m[torch.as_tensor(chunk)] = (phase == p)
             masks.append(m)
     return masks
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """group_masks on one device, with what the networks and the flow take from them each call."""
+
+    masks: tuple[Tensor, ...]  # bool [C, H, W], group g's dims
+    known: tuple[Tensor, ...]  # bool [C, H, W], the dims of the groups before g
+    index: tuple[Tensor, ...]  # long [n_g], group g's flat positions in C*H*W, row-major: u[:, mask]'s order
+
+
+@functools.lru_cache(maxsize=32)
+def group_layout(shape: tuple[int, int, int], spatial: str, channel_groups: int,
+                 device: torch.device = torch.device("cpu")) -> GroupLayout:
+    """group_masks(shape, ...) made once per shape and device (cached) with the known dims and the
+    integer positions of each group. Integer positions instead of boolean masks: indexing a GPU tensor
+    by a boolean mask counts its True entries first (aten::nonzero), which makes the CPU wait for the
+    GPU; the masks were also rebuilt and copied to the device at every call, 16 such waits and about
+    14 small host-to-device copies per training step. Gathering by the same positions in the same
+    order gives the same values bit for bit."""
+    masks = [m.to(device) for m in group_masks(shape, spatial, channel_groups)]
+    known = [torch.zeros(shape, dtype=torch.bool, device=device)]
+    for m in masks[:-1]:
+        known.append(known[-1] | m)
+    index = [m.flatten().nonzero().flatten() for m in masks]
+    return GroupLayout(tuple(masks), tuple(known), tuple(index))
+
+
+def gather_group(v: Tensor, index: Tensor) -> Tensor:
+    """v [..., C, H, W] -> [..., n_g]: v[..., mask] by the group's positions (no device sync)."""
+    return v.flatten(-3).index_select(-1, index)
+
+
+def put_group(z: Tensor, index: Tensor, values: Tensor) -> Tensor:
+    """z [N, C, H, W] with the group's dims replaced by values [N, n_g] (out of place; gradients reach
+    both, as torch.where(mask, ...) would give them)."""
+    return z.flatten(1).index_copy(1, index, values).view_as(z)
 
 
 # --- 1-D logistic mixtures in logit space (float64) -------------------------------------------
@@ -231,6 +269,9 @@ class VariationalDequantizer(Dequantizer):
     def groups(self, shape):
         return group_masks(tuple(shape), self.config.spatial, self.config.channel_groups)
 
+    def layout(self, shape, device) -> GroupLayout:
+        return group_layout(tuple(shape), self.config.spatial, self.config.channel_groups, torch.device(device))
+
     def _dtype(self) -> torch.dtype:
         return self.cond[0].weight.dtype
 
@@ -245,23 +286,13 @@ class VariationalDequantizer(Dequantizer):
             raise ValueError(f"expected x of shape [N, {self.config.in_channels}, H, W], got {tuple(x_uint8.shape)}")
         return self.cond(to_model(x_uint8).to(self._dtype()))
 
-    def _params(self, feats: Tensor, u: Tensor, masks: list[Tensor], g: int) -> tuple[Tensor, Tensor, Tensor]:
-        n, c, h, w = u.shape
-        dt, dev = feats.dtype, feats.device
-        known = torch.zeros(c, h, w, dtype=torch.bool, device=dev)
-        for m in masks[:g]:
-            known |= m.to(dev)
-        target = masks[g].to(dev)
-        uk = torch.where(known, 2.0 * u.to(dt) - 1.0, torch.zeros((), dtype=dt, device=dev))
-        inp = torch.cat([feats, uk, known.to(dt).expand(n, -1, -1, -1), target.to(dt).expand(n, -1, -1, -1)], 1)
-        out = self.nets[g](inp).reshape(n, 3, self.config.components, c, h, w)[:, :, :, target]
-        mu = self.config.mu_max * torch.tanh(out[:, 1] / self.config.mu_max)
-        return out[:, 0], mu, out[:, 2].clamp(self.config.log_s_min, self.config.log_s_max)
+    def _params(self, feats: Tensor, u: Tensor, lay: GroupLayout, g: int) -> tuple[Tensor, Tensor, Tensor]:
+        out = self.nets[g](group_input(feats, u, lay, g))
+        return mixture_params(out, lay.index[g], self.config, torch.tanh)
 
     def group_mixture(self, x_uint8, u_known, g):
         """(logit_pi, mu, log_s), each [N, K, n_g] (order: see the module doc); depends on x and u in groups < g."""
-        masks = self.groups(x_uint8.shape[1:])
-        return self._params(self._features(x_uint8), u_known, masks, g)
+        return self._params(self._features(x_uint8), u_known, self.layout(x_uint8.shape[1:], x_uint8.device), g)
 
     def transform(self, eps: Tensor, x_uint8: Tensor) -> tuple[Tensor, Tensor]:
         """The flow eps -> u (eps in (0, 1), float64) with log q(u | x) = -log|det du/deps|.
@@ -271,33 +302,30 @@ class VariationalDequantizer(Dequantizer):
         """
         eps = eps.to(torch.float64)
 
-        def invert(g, m, lp, mu, ls):  # the flow: eps_g through the inverse CDF (e keeps eps's gradient)
-            e = eps[:, m]
+        def invert(g, index, lp, mu, ls):  # the flow: eps_g through the inverse CDF (e keeps eps's gradient)
+            e = gather_group(eps, index)
             with torch.no_grad():
                 return _mix_icdf_z(e, lp, mu, ls), e
 
         return self._flow(x_uint8, invert)
 
     def _flow(self, x_uint8: Tensor, pick) -> tuple[Tensor, Tensor]:
-        """Group after group: pick(g, mask, logit_pi, mu, log_s) -> (z0, e), a point z0 = logit(u) of
+        """Group after group: pick(g, index, logit_pi, mu, log_s) -> (z0, e), a point z0 = logit(u) of
         the group (no gradient) and e its CDF level; then z = z0 - (F(z0) - e) / pdf(z0).detach(), whose
         value is z0 (to the bisection's rounding) and whose gradient is the implicit
         reparameterisation's, -dF/dparams / pdf (Figurnov et al. 2018), whichever way z0 was drawn."""
         feats = self._features(x_uint8)
-        masks = self.groups(x_uint8.shape[1:])
         d, dev = torch.float64, x_uint8.device
+        lay = self.layout(x_uint8.shape[1:], dev)
         z = torch.zeros(x_uint8.shape, dtype=d, device=dev)
         log_q = torch.zeros(x_uint8.shape[0], dtype=d, device=dev)
-        for g, m in enumerate(masks):
-            m = m.to(dev)
-            lp, mu, ls = (v.to(d) for v in self._params(feats, self._u(z), masks, g))
-            z0, e = pick(g, m, lp, mu, ls)
+        for g, index in enumerate(lay.index):
+            lp, mu, ls = (v.to(d) for v in self._params(feats, self._u(z), lay, g))
+            z0, e = pick(g, index, lp, mu, ls)
             pdf0 = torch.exp(_mix_logpdf_z(z0, lp, mu, ls)).detach()
             zg = z0 - (_mix_cdf_z(z0, lp, mu, ls) - e) / pdf0
             log_q = log_q + (_mix_logpdf_z(zg, lp, mu, ls) - _log_dsigmoid(zg)).sum(1)
-            full = torch.zeros_like(z)
-            full[:, m] = zg
-            z = torch.where(m, full, z)
+            z = put_group(z, index, zg)
         return self._u(z), log_q.to(self._dtype())
 
     def sample(self, x_uint8, generator=None):
@@ -315,7 +343,7 @@ class VariationalDequantizer(Dequantizer):
         lo, hi = 2.0**-53, 1.0 - 2.0**-53
 
         @torch.no_grad()
-        def component(g, m, lp, mu, ls):
+        def component(g, index, lp, mu, ls):
             shape = lp.shape  # [N, K, n]
             gumbel = -torch.log(-torch.log(torch.rand(shape, generator=generator, dtype=lp.dtype,
                                                       device=lp.device).clamp(lo, hi)))
@@ -328,14 +356,32 @@ class VariationalDequantizer(Dequantizer):
 
     def log_prob(self, u, x_uint8):
         feats = self._features(x_uint8)
-        masks = self.groups(x_uint8.shape[1:])
+        lay = self.layout(x_uint8.shape[1:], u.device)
         z = torch.logit(u.to(torch.float64))
         out = torch.zeros(u.shape[0], dtype=torch.float64, device=u.device)
-        for g, m in enumerate(masks):
-            lp, mu, ls = (v.to(torch.float64) for v in self._params(feats, u, masks, g))
-            zg = z[:, m.to(u.device)]
+        for g, index in enumerate(lay.index):
+            lp, mu, ls = (v.to(torch.float64) for v in self._params(feats, u, lay, g))
+            zg = gather_group(z, index)
             out = out + (_mix_logpdf_z(zg, lp, mu, ls) - _log_dsigmoid(zg)).sum(1)
         return out.to(self._dtype())
+
+
+def group_input(feats: Tensor, u: Tensor, lay: GroupLayout, g: int) -> Tensor:
+    """Group g's network input: the features, the known u (centred; 0 elsewhere), the known mask and
+    the target mask, in the features' dtype."""
+    n, dt = u.shape[0], feats.dtype
+    known, target = lay.known[g], lay.masks[g]
+    uk = torch.where(known, 2.0 * u.to(dt) - 1.0, torch.zeros((), dtype=dt, device=feats.device))
+    return torch.cat([feats, uk, known.to(dt).expand(n, -1, -1, -1), target.to(dt).expand(n, -1, -1, -1)], 1)
+
+
+def mixture_params(out: Tensor, index: Tensor, cfg: DequantConfig, tanh) -> tuple[Tensor, Tensor, Tensor]:
+    """A group network's output [N, 3 K C, H, W] -> (logit_pi, mu, log_s), each [N, K, n_g], at the
+    group's positions; mu bounded by cfg.mu_max with `tanh` (torch's, or exactmath's), log_s clamped."""
+    n, k = out.shape[0], cfg.components
+    out = gather_group(out.reshape(n, 3, k, -1, *out.shape[-2:]), index)
+    mu = cfg.mu_max * tanh(out[:, 1] / cfg.mu_max)
+    return out[:, 0], mu, out[:, 2].clamp(cfg.log_s_min, cfg.log_s_max)
 
 
 def make_dequantizer(config: DequantConfig | dict) -> Dequantizer:

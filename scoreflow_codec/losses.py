@@ -20,6 +20,8 @@ Every loss here is a one-sample unbiased estimate, per data point, of an integra
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .importance import ImportanceSampler
@@ -51,6 +53,13 @@ def bound_integrand(model, x0: Tensor, t: Tensor, generator: torch.Generator | N
     return 0.5 * (g2_over_s2 * (_sq(eps_hat - z) - _sq(z)) - 2.0 * sde.div_f(xt, t))
 
 
+@functools.lru_cache(maxsize=8)
+def _sampler(sde, eps: float) -> ImportanceSampler:
+    """One ImportanceSampler per SDE and eps, not one per training step (its set-up reads two numbers
+    out of tensors: in a step, that is work the GPU's queue does not need)."""
+    return ImportanceSampler(sde, eps)
+
+
 def dsm_loss(
     model,
     x0: Tensor,
@@ -73,7 +82,7 @@ def dsm_loss(
         u = torch.rand(n, generator=generator, dtype=torch.float64, device=dev)
     if weighting == "likelihood":
         if importance:
-            sampler = ImportanceSampler(sde, eps)
+            sampler = _sampler(sde, eps)
             t = sampler.icdf(u).to(dt)
             xt, z, std = perturb(sde, x0, t, generator)
             eps_hat = model(xt, t)

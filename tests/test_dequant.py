@@ -7,8 +7,11 @@ from scoreflow_codec.dequant import (
     DequantConfig,
     UniformDequantizer,
     VariationalDequantizer,
+    gather_group,
+    group_layout,
     group_masks,
     make_dequantizer,
+    put_group,
     mixture_cdf,
     mixture_icdf,
     mixture_log_pdf,
@@ -42,6 +45,27 @@ def test_groups_partition(shape, spatial, chunks):
     assert len(masks) == {"none": 1, "checkerboard": 2, "quad": 4}[spatial] * chunks
     total = torch.stack(masks).long().sum(0)
     assert torch.equal(total, torch.ones(shape, dtype=torch.long))
+
+
+@pytest.mark.parametrize("shape,spatial,chunks", [((3, 5, 7), "checkerboard", 2), ((3, 4, 4), "quad", 3),
+                                                   ((1, 3, 5), "none", 1)])
+def test_group_layout_is_the_masks_by_position(shape, spatial, chunks):
+    """The cached layout the networks and the flow use: each group's positions are its mask's True
+    entries in row-major order, so gathering by them is v[..., mask] and putting by them is
+    torch.where(mask, ...), value for value; known[g] is the union of the groups before g."""
+    masks = group_masks(shape, spatial, chunks)
+    lay = group_layout(shape, spatial, chunks, torch.device("cpu"))
+    assert lay is group_layout(shape, spatial, chunks, torch.device("cpu"))  # made once
+    v = torch.randn((2, 5) + shape, dtype=torch.float64)
+    z = torch.randn((2,) + shape, dtype=torch.float64)
+    for g, m in enumerate(masks):
+        assert torch.equal(lay.masks[g], m)
+        assert torch.equal(lay.known[g], torch.stack(masks[:g]).any(0) if g else torch.zeros(shape, dtype=torch.bool))
+        assert torch.equal(gather_group(v, lay.index[g]), v[:, :, m])
+        vals = torch.randn(2, int(m.sum()), dtype=torch.float64)
+        full = torch.zeros_like(z)
+        full[:, m] = vals
+        assert torch.equal(put_group(z, lay.index[g], vals), torch.where(m, full, z))
 
 
 def test_default_groups():

@@ -17,7 +17,7 @@ import math
 import torch
 
 from .. import exactmath as em
-from ..dequant import VariationalDequantizer, _Res
+from ..dequant import VariationalDequantizer, _Res, group_input, mixture_params
 from ..pixels import to_model
 from .precond import ScoreModel
 from .unet import AttnBlock, Down, ResBlock, UNet, Up, traverse
@@ -294,17 +294,9 @@ class ExactDequantizer:
     def group_mixture(self, x_uint8: Tensor, u_known: Tensor, g: int) -> tuple[Tensor, Tensor, Tensor]:
         cfg = self.config
         feats = self.cond(to_model(x_uint8, torch.zeros(x_uint8.shape, dtype=F64)))
-        n, c, h, w = u_known.shape
-        masks = self.groups((c, h, w))
-        known = torch.zeros(c, h, w, dtype=torch.bool)
-        for m in masks[:g]:
-            known |= m
-        target = masks[g]
-        uk = torch.where(known, 2.0 * u_known.to(F64) - 1.0, torch.zeros((), dtype=F64))
-        inp = torch.cat([feats, uk, known.to(F64).expand(n, -1, -1, -1), target.to(F64).expand(n, -1, -1, -1)], 1)
-        out = self.nets[g](inp).reshape(n, 3, cfg.components, c, h, w)[:, :, :, target]
-        mu = cfg.mu_max * em.tanh(out[:, 1] / cfg.mu_max)
-        return out[:, 0], mu, out[:, 2].clamp(cfg.log_s_min, cfg.log_s_max)
+        lay = self.dq.layout(u_known.shape[1:], "cpu")
+        out = self.nets[g](group_input(feats, u_known.to(F64), lay, g))
+        return mixture_params(out, lay.index[g], cfg, em.tanh)
 
 
 def exact_model(model):
