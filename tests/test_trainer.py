@@ -365,6 +365,64 @@ def test_the_objective_draws_without_inverting_the_cdf(monkeypatch):
     assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in deq.parameters())
 
 
+HOST_READS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy")
+WAITS = {"aten::nonzero", "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::masked_select"}
+
+
+def test_the_step_never_makes_the_host_wait(cifar_small, tmp_path, monkeypatch):
+    """On a GPU the step is short kernels queued by the CPU; whatever reads a value back (a bool, a
+    float, a count of a mask's True entries) makes the CPU wait for the queue to drain. A step has none:
+    the objective's forward and backward run no operation that reads back, and the loop reads no
+    tensor between its log, eval and save steps (a run of 7 steps reads as much as one of 3)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer.train import Objective, build
+
+    model, deq, _ = build(TrainConfig(preset="tiny", dequant="variational"))
+    obj = Objective(model, deq, "likelihood", True)
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    obj(x).mean().backward()  # set-up work (caches) happens once, outside the measured step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        obj(x).mean().backward()
+    names = {e.name for e in prof.events()}
+    assert "aten::convolution_backward" in names and not names & WAITS, names & WAITS
+
+    reads = []
+    for name in HOST_READS:
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _f=orig, _n=name, **k: reads.append(_n) or _f(self, *a, **k))
+    counts = []
+    for steps in (3, 7):
+        reads.clear()
+        train(_cfg(cifar_small, dequant="variational", steps=steps, log_every=1000, eval_images=4),
+              tmp_path / f"r{steps}", progress=False)
+        counts.append(len(reads))
+    assert counts[0] == counts[1], counts
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_step_with_a_non_finite_loss_or_gradient_changes_nothing(fused):
+    """guarded_step: a NaN or infinite loss, or a finite loss whose gradient is not (its norm NaN), leaves
+    the weights, Adam's moments and its step count as they were; the next good step goes on from there.
+    Fused (the trainer's on CPU and GPU: the test on the device) and not (the test on the host)."""
+    from trainer.train import guarded_step
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([w], lr=0.1, fused=fused)
+    w.grad = torch.tensor([1.0, 2.0, 3.0])
+    guarded_step(opt, torch.tensor(1.0), torch.tensor(3.7))
+    kept = (w.detach().clone(), opt.state[w]["exp_avg"].clone(), opt.state[w]["exp_avg_sq"].clone())
+    for loss, gnorm, grad in [(float("nan"), 1.0, 1.0), (float("inf"), 1.0, 1.0), (1.0, float("nan"), float("nan")),
+                              (1.0, float("inf"), float("inf"))]:
+        w.grad = torch.full((3,), grad)
+        guarded_step(opt, torch.tensor(loss), torch.tensor(gnorm))
+        assert torch.equal(w.detach(), kept[0]) and torch.equal(opt.state[w]["exp_avg"], kept[1])
+        assert torch.equal(opt.state[w]["exp_avg_sq"], kept[2]) and float(opt.state[w]["step"]) == 1
+    w.grad = torch.tensor([1.0, 2.0, 3.0])
+    guarded_step(opt, torch.tensor(1.0), None)  # no clipping: the loss alone decides
+    assert float(opt.state[w]["step"]) == 2 and (w.detach() < kept[0]).all()
+
+
 def test_lr_schedule_warmup_then_linear_cool_down():
     """lr_at against the closed form: linear warmup, constant, then (decay_from) linear to lr_end at steps."""
     from trainer.train import lr_at

@@ -191,7 +191,8 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             p.requires_grad_(False)
     objective = Objective(model, dequant, cfg.weighting, cfg.importance)
     params = [p for p in objective.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=cfg.lr)
+    # fused: one kernel for the update, which also reads `found_inf` on the device (below)
+    opt = torch.optim.Adam(params, lr=cfg.lr, fused=dev.type in ("cuda", "cpu"))
 
     step, elapsed_total, images_seen = 0, 0.0, 0
     if resume and (ck / "state.json").exists():
@@ -244,7 +245,9 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         while step < cfg.steps:
             if cfg.max_minutes and _time_is_up(time.perf_counter() - t_start > 60 * cfg.max_minutes, world, dev):
                 break
-            x = sampler.sample(local_batch).to(dev, non_blocking=True)
+            x = sampler.sample(local_batch)
+            # from pinned memory the copy is queued like any kernel (from pageable memory the CPU waits for it)
+            x = (x.pin_memory() if dev.type == "cuda" else x).to(dev, non_blocking=True)
             lr = cooled(cfg, lr_at(cfg, step), _rank0_clock(time.perf_counter() - t_start, world, cfg, dev))
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -253,8 +256,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else torch.tensor(0.0)
-            if torch.isfinite(loss):
-                opt.step()
+            guarded_step(opt, loss, gnorm if cfg.grad_clip > 0 else None)
             step += 1
             images_seen += local_batch * world
             decay = min(cfg.ema, (1 + step) / (10 + step))
@@ -262,12 +264,13 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
                 torch._foreach_lerp_(ema_params, live_params, 1 - decay)
                 for b, c in zip(live_buffers, ema_buffers):
                     c.copy_(b)
-            loss_acc += float(loss.detach())
+            loss_acc = loss_acc + loss.detach()  # read at the log steps only: float() here would wait for the GPU
             n_log += 1
             if bar:
                 bar.update(1)
             if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
                 now = time.perf_counter()
+                loss_acc = float(loss_acc)
                 rec = {"step": step, "loss_nats_per_dim": loss_acc / n_log,
                        "loss_bpd_proxy": (loss_acc / n_log + pixels.LOG_128) / math.log(2),
                        "lr": lr, "grad_norm": float(gnorm),
@@ -293,6 +296,22 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     if world > 1:
         dist.barrier()
     return last
+
+
+def guarded_step(opt: torch.optim.Optimizer, loss: torch.Tensor, gnorm: torch.Tensor | None) -> None:
+    """opt.step(), which changes nothing where the loss or the gradients' norm is not finite.
+
+    A fused Adam takes the test on the device: it reads `found_inf` there (as under AMP's GradScaler)
+    and then leaves the weights, its moments and its step count as they were. Until 0.9.38 the trainer
+    asked `if torch.isfinite(loss)` in Python, which made the CPU wait for the GPU at every step (and a
+    non-finite gradient with a finite loss went through). An optimizer that is not fused ignores
+    found_inf, so there the test is made on the host."""
+    ok = torch.isfinite(loss) if gnorm is None else torch.isfinite(loss) & torch.isfinite(gnorm.to(loss.device))
+    if opt.defaults.get("fused"):
+        opt.found_inf = (~ok).to(torch.float32)
+        opt.step()
+    elif ok:
+        opt.step()
 
 
 def _time_is_up(mine: bool, world: int, dev) -> bool:
