@@ -251,6 +251,41 @@ def test_the_cool_down_goes_by_rank_0s_clock(tmp_path):
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)] == [[10.0, 10.0], [10.0, 11.0]]
 
 
+def _agreeing_rank(rank: int, port: int, data: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from trainer import train as tr
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    calls = []
+    for name in ("_time_is_up", "_rank0_clock"):
+        f = getattr(tr, name)
+        setattr(tr, name, lambda *a, _f=f, _n=name: calls.append(_n) or _f(*a))
+    try:
+        tr.train(_cfg(Path(data), steps=17, batch=4, eval_images=4, eval_n_t=1, max_minutes=30.0, cool_minutes=10.0),
+                 Path(out) / f"run{rank}", device="cpu", progress=False)
+        Path(out, f"calls{rank}.json").write_text(json.dumps(calls))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_ranks_agree_on_the_clock_every_few_steps(cifar_small, tmp_path):
+    """With two ranks, the time limit and the cool-down's clock are collectives (the CPU waits for them):
+    17 steps agree at steps 0, 8 and 16 only (AGREE_EVERY), on both ranks alike, and train to the end."""
+    import torch.multiprocessing as mp
+
+    from trainer.train import AGREE_EVERY
+
+    assert AGREE_EVERY == 8
+    mp.spawn(_agreeing_rank, args=(29535, str(cifar_small), str(tmp_path)), nprocs=2, join=True)
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"calls{r}.json").read_text()) == ["_time_is_up", "_rank0_clock"] * 3
+    _, state = ckpt.load_checkpoint(tmp_path / "run0" / "checkpoint")
+    assert state["step"] == 17
+
+
 def test_eval_crops_spread_over_few_images():
     """Many images: the centre crop of each of the first n. Few: a regular grid of crops per image."""
     rng = np.random.default_rng(0)

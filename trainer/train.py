@@ -162,6 +162,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True  # the step's shapes never change: cuDNN times its choices once
     torch.manual_seed(cfg.seed + 1000 * rank)
     # the data first: a run that cannot start leaves no run directory behind (a later command would resume
     # its config.json)
@@ -229,6 +230,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     t_start = time.perf_counter()
     t_log, n_log, loss_acc = t_start, 0, 0.0
     last = {}
+    clock = None  # the seconds the cool-down goes by, as the ranks last agreed
 
     def save():
         tensors = {**{f"net.model.{k}": v for k, v in model.state_dict().items()},
@@ -243,12 +245,16 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
 
     try:
         while step < cfg.steps:
-            if cfg.max_minutes and _time_is_up(time.perf_counter() - t_start > 60 * cfg.max_minutes, world, dev):
+            # ranks agree on the time (a collective, which waits for the queue) every AGREE_EVERY steps
+            agree = world == 1 or step % AGREE_EVERY == 0 or clock is None
+            if cfg.max_minutes and agree and _time_is_up(time.perf_counter() - t_start > 60 * cfg.max_minutes, world, dev):
                 break
+            if agree:
+                clock = _rank0_clock(time.perf_counter() - t_start, world, cfg, dev)
             x = sampler.sample(local_batch)
-            # from pinned memory the copy is queued like any kernel (from pageable memory the CPU waits for it)
+            # from pinned memory the copy is queued like any kernel (from pageable memory it may hold the CPU)
             x = (x.pin_memory() if dev.type == "cuda" else x).to(dev, non_blocking=True)
-            lr = cooled(cfg, lr_at(cfg, step), _rank0_clock(time.perf_counter() - t_start, world, cfg, dev))
+            lr = cooled(cfg, lr_at(cfg, step), clock)
             for g in opt.param_groups:
                 g["lr"] = lr
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -312,6 +318,12 @@ def guarded_step(opt: torch.optim.Optimizer, loss: torch.Tensor, gnorm: torch.Te
         opt.step()
     elif ok:
         opt.step()
+
+
+# with several ranks, the steps at which they agree on the time limit and on the cool-down's clock: each
+# agreement is a collective whose result the CPU reads, a wait for the GPU's queue (until 0.9.38 two a
+# step). A limit is then overshot by at most AGREE_EVERY - 1 steps, and the lr moves every AGREE_EVERY.
+AGREE_EVERY = 8
 
 
 def _time_is_up(mine: bool, world: int, dev) -> bool:
