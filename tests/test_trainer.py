@@ -264,8 +264,10 @@ def _agreeing_rank(rank: int, port: int, data: str, out: str) -> None:
         f = getattr(tr, name)
         setattr(tr, name, lambda *a, _f=f, _n=name: calls.append(_n) or _f(*a))
     try:
-        tr.train(_cfg(Path(data), steps=17, batch=4, eval_images=4, eval_n_t=1, max_minutes=30.0, cool_minutes=10.0),
-                 Path(out) / f"run{rank}", device="cpu", progress=False)
+        for steps in (17, 20):  # then resumed at step 17: the first step agrees whatever its number
+            tr.train(_cfg(Path(data), steps=steps, batch=4, eval_images=4, eval_n_t=1, max_minutes=30.0,
+                          cool_minutes=10.0), Path(out) / "run", device="cpu", progress=False)  # one run, as under torchrun
+            calls.append("end")
         Path(out, f"calls{rank}.json").write_text(json.dumps(calls))
     finally:
         dist.destroy_process_group()
@@ -273,7 +275,8 @@ def _agreeing_rank(rank: int, port: int, data: str, out: str) -> None:
 
 def test_ddp_ranks_agree_on_the_clock_every_few_steps(cifar_small, tmp_path):
     """With two ranks, the time limit and the cool-down's clock are collectives (the CPU waits for them):
-    17 steps agree at steps 0, 8 and 16 only (AGREE_EVERY), on both ranks alike, and train to the end."""
+    17 steps agree at steps 0, 8 and 16 only (AGREE_EVERY), on both ranks alike, and train to the end;
+    resumed to step 20, they agree at step 17, the first."""
     import torch.multiprocessing as mp
 
     from trainer.train import AGREE_EVERY
@@ -281,9 +284,10 @@ def test_ddp_ranks_agree_on_the_clock_every_few_steps(cifar_small, tmp_path):
     assert AGREE_EVERY == 8
     mp.spawn(_agreeing_rank, args=(29535, str(cifar_small), str(tmp_path)), nprocs=2, join=True)
     for r in (0, 1):
-        assert json.loads((tmp_path / f"calls{r}.json").read_text()) == ["_time_is_up", "_rank0_clock"] * 3
-    _, state = ckpt.load_checkpoint(tmp_path / "run0" / "checkpoint")
-    assert state["step"] == 17
+        agreed = ["_time_is_up", "_rank0_clock"]
+        assert json.loads((tmp_path / f"calls{r}.json").read_text()) == agreed * 3 + ["end"] + agreed + ["end"]
+    _, state = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint")
+    assert state["step"] == 20
 
 
 def test_eval_crops_spread_over_few_images():
