@@ -216,7 +216,7 @@ def main(argv=None) -> int:
             print(f"\nresults: {outdir}\n", flush=True)
     except (DataError, ScoreflowError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, DataError) else 1
+        return 2 if isinstance(e, (DataError, scoreflow_runner.ModelLoadError)) else 1
     return 0
 
 

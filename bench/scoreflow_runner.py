@@ -23,6 +23,11 @@ class ScoreflowError(Exception):
     """The scoreflow side can't run (API missing, model not loadable); one line for the user."""
 
 
+class ModelLoadError(ScoreflowError):
+    """The model asked for cannot be found or loaded: the user's input, as a data set's absence is
+    (bench/run.py exits 2 for both, as the other bench scripts do for a bad --model)."""
+
+
 def _import_api():
     try:
         api = importlib.import_module("scoreflow_codec.api")
@@ -56,11 +61,11 @@ def resolve_model(name_or_path: str | None, sizes: list[tuple[int, int]] | None 
         try:
             return zoo.auto_model_name(sizes)
         except ModelError as e:
-            raise ScoreflowError(str(e)) from None
+            raise ModelLoadError(str(e)) from None
     if not name_or_path or name_or_path == "auto":
         name_or_path = zoo.default_model()
         if name_or_path is None:
-            raise ScoreflowError("no model ships with this installation: pass --model PATH")
+            raise ModelLoadError("no model ships with this installation: pass --model PATH")
     return name_or_path
 
 
@@ -72,7 +77,7 @@ def load_model(name_or_path: str | None, device: str, sizes: list[tuple[int, int
     try:
         return zoo.load_model(name_or_path, device=device)
     except ModelError as e:
-        raise ScoreflowError(f"model {name_or_path!r}: {e}") from None
+        raise ModelLoadError(f"model {name_or_path!r}: {e}") from None
 
 
 def model_info(model, name_or_path: str) -> dict:

@@ -179,7 +179,8 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "data set 'kodak' not found" in r.stderr
     r = _run("--quick", "--codecs", "scoreflow", "--model", str(tmp_path / "missing.safetensors"),
              "--out", str(tmp_path), env={"SFC_SHARED_DATA": str(tmp_path / "absent")})
-    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr  # a bad model is the user's input, as bad data
+    assert "missing.safetensors" in r.stderr
     assert not list(tmp_path.iterdir())  # nothing written on failure
 
 
