@@ -3,6 +3,7 @@ limit, export gives a model the codec loads, DDP runs under torchrun (CPU, gloo)
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -437,6 +438,51 @@ def test_the_step_never_makes_the_host_wait(cifar_small, tmp_path, monkeypatch):
               tmp_path / f"r{steps}", progress=False)
         counts.append(len(reads))
     assert counts[0] == counts[1], counts
+
+
+def test_profile_steps_log_where_a_steps_time_goes(cifar_small, tmp_path, caplog):
+    """--profile-steps 4: after 5 warm steps, 4 steps under torch.profiler, then one line (ms a step,
+    operations; on a GPU device kernels and host waits) and a table in the log; the run trains on
+    to its end. The profile is the command's: the run resumed without it profiles nothing."""
+    import logging
+
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    caplog.set_level(logging.INFO, logger="trainer")
+    args = ["train", "--out", str(tmp_path / "p"), "--preset", "tiny", "--dequant", "uniform", "--data",
+            str(cifar_small / "train.npz"), "--eval-data", str(cifar_small / "test.npz"), "--batch", "8",
+            "--eval-images", "4", "--eval-n-t", "1", "--eval-every", "0", "--save-every", "0", "--no-progress",
+            "--device", "cpu"]
+    r = CliRunner().invoke(main, args + ["--steps", "12", "--profile-steps", "4"])
+    assert r.exit_code == 0, r.output
+    lines = [m for m in (rec.getMessage() for rec in caplog.records) if m.startswith("profile:")]
+    assert len(lines) == 2, lines
+    head = re.fullmatch(r"profile: 4 steps, ([0-9.]+) ms a step \(wall\), ([0-9]+) operations a step, "
+                        r"a CPU: no device to wait for", lines[0])
+    assert head and float(head[1]) > 0 and int(head[2]) > 100, lines[0]
+    assert "aten::convolution" in lines[1] and "Self CPU" in lines[1]
+    assert json.loads(r.output.strip().splitlines()[-1])["step"] == 12
+    caplog.clear()
+    r = CliRunner().invoke(main, args + ["--steps", "20"])
+    assert r.exit_code == 0 and not [rec for rec in caplog.records if rec.getMessage().startswith("profile:")]
+
+
+def test_a_failing_profiler_never_stops_the_training(cifar_small, tmp_path, caplog, monkeypatch):
+    """The profiler's GPU side cannot be tried on a CPU: where it fails, one warning, and the run trains on."""
+    import logging
+
+    from trainer import profiling
+
+    def broken(**kw):
+        raise RuntimeError("no profiler here")
+
+    monkeypatch.setattr(profiling, "profile", broken)
+    caplog.set_level(logging.INFO, logger="trainer")
+    last = train(_cfg(cifar_small, steps=8, profile_steps=2, eval_images=4, eval_n_t=1), tmp_path / "p", progress=False)
+    warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert last["step"] == 8 and warned == ["profile: failed (RuntimeError: no profiler here); training goes on without it"]
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -81,6 +81,8 @@ def main() -> None:
 @click.option("--cool-minutes", type=click.FloatRange(min=0), default=None,
               help="With --max-minutes: the lr falls linearly to --lr-end over its last this many minutes "
                    "(a cool-down timed by the clock, for a chunk whose step count is not known ahead).")
+@click.option("--profile-steps", type=click.IntRange(min=0), default=None,
+              help="Profile this many steps (after 5 warm ones) and write where their time went to the log.")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="0: at the end only.")
 @click.option("--eval-images", type=click.IntRange(min=1), default=None)
 @click.option("--eval-n-t", type=click.IntRange(min=1), default=None)
@@ -105,7 +107,7 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
     base = TrainConfig.from_dict(json.loads(cfg_file.read_text())) if cfg_file.exists() else TrainConfig()
     # A time limit is this command's, not the run's: a resumed run without --max-minutes has none
     # (the run directory's config.json keeps the last one only as a record); so is its cool-down.
-    base = base.override(max_minutes=0.0, cool_minutes=0.0)
+    base = base.override(max_minutes=0.0, cool_minutes=0.0, profile_steps=0)  # so is a profile
     if no_flip:
         kw["flip"] = False
     if no_importance:

@@ -34,6 +34,7 @@ class TrainConfig:
     steps: int = 1_300_000
     max_minutes: float = 0.0              # stop (and checkpoint) after this wall time; 0 = no limit
     cool_minutes: float = 0.0             # with max_minutes: the lr falls linearly to lr_end over its last minutes
+    profile_steps: int = 0                # profile this many steps after 5 warm ones, into the log (profiling.py)
     seed: int = 0
     # bookkeeping
     log_every: int = 50

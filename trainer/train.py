@@ -29,6 +29,7 @@ from scoreflow_codec.sde import SDEConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import CropSampler, center_crops, hold_out, load_images
+from .profiling import StepProfiler
 
 log = logging.getLogger("trainer")
 
@@ -231,6 +232,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     t_log, n_log, loss_acc = t_start, 0, 0.0
     last = {}
     clock = None  # the seconds the cool-down goes by, as the ranks last agreed
+    profiler = StepProfiler(cfg.profile_steps, dev, log=log) if cfg.profile_steps and rank == 0 else None
 
     def save():
         tensors = {**{f"net.model.{k}": v for k, v in model.state_dict().items()},
@@ -272,6 +274,8 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
                     c.copy_(b)
             loss_acc = loss_acc + loss.detach()  # read at the log steps only: float() here would wait for the GPU
             n_log += 1
+            if profiler:
+                profiler.step()
             if bar:
                 bar.update(1)
             if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
