@@ -469,6 +469,22 @@ def test_profile_steps_log_where_a_steps_time_goes(cifar_small, tmp_path, caplog
     assert r.exit_code == 0 and not [rec for rec in caplog.records if rec.getMessage().startswith("profile:")]
 
 
+def test_the_profile_counts_the_steps_it_was_told_and_their_own_operations():
+    """StepProfiler(steps=2, skip=1): profiling starts at the first step() and ends at the third, so two
+    steps of one F.linear each: one operation a step (the aten calls inside it not counted)."""
+    from trainer.profiling import StepProfiler
+
+    prof = StepProfiler(2, torch.device("cpu"), skip=1)
+    x, w = torch.randn(4, 3), torch.randn(5, 3)
+    prof.step()
+    for _ in range(2):
+        torch.nn.functional.linear(x, w)
+        prof.step()
+    s = prof.summary
+    assert s is not None and s["steps"] == 2 and s["ops_per_step"] == 1 and s["waits_per_step"] is None
+    assert "aten::linear" in s["table"] and s["ms_per_step"] > 0
+
+
 def test_a_failing_profiler_never_stops_the_training(cifar_small, tmp_path, caplog, monkeypatch):
     """The profiler's GPU side cannot be tried on a CPU: where it fails, one warning, and the run trains on."""
     import logging
