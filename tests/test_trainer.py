@@ -471,7 +471,8 @@ def test_profile_steps_log_where_a_steps_time_goes(cifar_small, tmp_path, caplog
 
 def test_the_profile_counts_the_steps_it_was_told_and_their_own_operations():
     """StepProfiler(steps=2, skip=1): profiling starts at the first step() and ends at the third, so two
-    steps of one F.linear each: one operation a step (the aten calls inside it not counted)."""
+    steps of one F.linear each: one operation a step (the aten calls inside it not counted). Stopped by
+    finish() after 3 of 10 steps: those 3."""
     from trainer.profiling import StepProfiler
 
     prof = StepProfiler(2, torch.device("cpu"), skip=1)
@@ -483,6 +484,15 @@ def test_the_profile_counts_the_steps_it_was_told_and_their_own_operations():
     s = prof.summary
     assert s is not None and s["steps"] == 2 and s["ops_per_step"] == 1 and s["waits_per_step"] is None
     assert "aten::linear" in s["table"] and s["ms_per_step"] > 0
+    # a run that ends inside the profiled steps (finish(), from the trainer's end) logs the ones it made
+    prof = StepProfiler(10, torch.device("cpu"), skip=1)
+    prof.step()
+    for _ in range(3):
+        torch.nn.functional.linear(x, w)
+        prof.step()
+    assert prof.summary is None
+    prof.finish()
+    assert prof.summary["steps"] == 3 and prof.summary["ops_per_step"] == 1
 
 
 def test_a_failing_profiler_never_stops_the_training(cifar_small, tmp_path, caplog, monkeypatch):

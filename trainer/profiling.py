@@ -34,36 +34,49 @@ class StepProfiler:
             torch.cuda.synchronize(self.dev)
 
     def step(self) -> None:
-        """Count a step; start or finish the profile at its step. A profiler that fails (its CUDA side
-        is not testable on a CPU) logs one warning and stops profiling; the training goes on."""
+        """Count a step; start or finish the profile at its step."""
         if self.summary is not None or self.steps <= 0:
             return
+        self.n += 1
+        if self.n == self.skip:
+            self._guarded(self._start)
+        elif self.n == self.skip + self.steps:
+            self._guarded(self._stop)
+
+    def finish(self) -> None:
+        """At the run's end: where it stopped inside the profiled steps, log the ones it made."""
+        if self.prof is not None and self.summary is None:
+            self.steps = self.n - self.skip
+            self._guarded(self._stop if self.steps > 0 else self.prof.stop)
+
+    def _guarded(self, action) -> None:
+        """A profiler that fails (its CUDA side is not testable on a CPU) logs one warning and stops
+        profiling; the training goes on."""
         try:
-            self._step()
+            action()
         except Exception as e:  # noqa: BLE001 - a profile is never worth a training run
             self.log.warning("profile: failed (%s: %s); training goes on without it", type(e).__name__, e)
             self.summary, self.prof = {"error": f"{type(e).__name__}: {e}"}, None
 
-    def _step(self) -> None:
-        self.n += 1
-        if self.n == self.skip:
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.dev.type == "cuda" else [])
-            self._sync()
-            self.prof = profile(activities=acts)
-            self.prof.start()
-            self.t0 = time.perf_counter()
-        elif self.n == self.skip + self.steps:
-            self._sync()
-            wall = time.perf_counter() - self.t0
-            self.prof.stop()
-            self.summary = self._summarize(wall)
-            s = self.summary
-            where = ("a CPU: no device to wait for" if s["waits_per_step"] is None else
-                     f"{s['kernels_per_step']:.0f} device kernels and {s['waits_per_step']:.1f} host waits a step")
-            self.log.info("profile: %d steps, %.1f ms a step (wall), %.0f operations a step, %s", s["steps"],
-                          s["ms_per_step"], s["ops_per_step"], where)
-            self.log.info("profile: the operations by their own %s time\n%s", s["sorted_by"], s["table"])
-            self.prof = None
+    def _start(self) -> None:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.dev.type == "cuda" else [])
+        self._sync()
+        self.prof = profile(activities=acts)
+        self.prof.start()
+        self.t0 = time.perf_counter()
+
+    def _stop(self) -> None:
+        self._sync()
+        wall = time.perf_counter() - self.t0
+        self.prof.stop()
+        self.summary = self._summarize(wall)
+        s = self.summary
+        where = ("a CPU: no device to wait for" if s["waits_per_step"] is None else
+                 f"{s['kernels_per_step']:.0f} device kernels and {s['waits_per_step']:.1f} host waits a step")
+        self.log.info("profile: %d steps, %.1f ms a step (wall), %.0f operations a step, %s", s["steps"],
+                      s["ms_per_step"], s["ops_per_step"], where)
+        self.log.info("profile: the operations by their own %s time\n%s", s["sorted_by"], s["table"])
+        self.prof = None
 
     def _summarize(self, wall: float) -> dict:
         events = list(self.prof.events())

@@ -298,6 +298,8 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     finally:
         if bar:
             bar.close()
+        if profiler:
+            profiler.finish()  # a run that ended inside the profiled steps logs the ones it made
     if rank == 0:
         if not last or last.get("step") != step:
             last = eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed_total + time.perf_counter() - t_start)
