@@ -496,19 +496,29 @@ def test_the_profile_counts_the_steps_it_was_told_and_their_own_operations():
 
 
 def test_a_failing_profiler_never_stops_the_training(cifar_small, tmp_path, caplog, monkeypatch):
-    """The profiler's GPU side cannot be tried on a CPU: where it fails, one warning, and the run trains on."""
+    """The profiler's GPU side cannot be tried on a CPU: where it fails (starting or ending), one warning,
+    and the run trains on. A run that ends inside the profiled steps logs the ones it made."""
     import logging
 
     from trainer import profiling
 
-    def broken(**kw):
+    def broken(*a, **kw):
         raise RuntimeError("no profiler here")
 
-    monkeypatch.setattr(profiling, "profile", broken)
     caplog.set_level(logging.INFO, logger="trainer")
-    last = train(_cfg(cifar_small, steps=8, profile_steps=2, eval_images=4, eval_n_t=1), tmp_path / "p", progress=False)
-    warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
-    assert last["step"] == 8 and warned == ["profile: failed (RuntimeError: no profiler here); training goes on without it"]
+    for where in ("profile", "_summarize"):  # failing as it starts, and as it ends
+        with monkeypatch.context() as m:
+            m.setattr(profiling if where == "profile" else profiling.StepProfiler, where, broken)
+            caplog.clear()
+            last = train(_cfg(cifar_small, steps=8, profile_steps=2, eval_images=4, eval_n_t=1), tmp_path / where,
+                         progress=False)
+        warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+        assert last["step"] == 8 and warned == ["profile: failed (RuntimeError: no profiler here); training goes on "
+                                                "without it"]
+    # a run that ends inside its profiled steps (8 steps: 3 after the 5 warm ones) logs those
+    caplog.clear()
+    train(_cfg(cifar_small, steps=8, profile_steps=10, eval_images=4, eval_n_t=1), tmp_path / "short", progress=False)
+    assert [r.getMessage()[:18] for r in caplog.records if r.getMessage().startswith("profile:")] == ["profile: 3 steps, ", "profile: the opera"]
 
 
 @pytest.mark.parametrize("fused", [True, False])
