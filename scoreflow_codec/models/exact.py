@@ -295,7 +295,7 @@ class ExactDequantizer:
         cfg = self.config
         feats = self.cond(to_model(x_uint8, torch.zeros(x_uint8.shape, dtype=F64)))
         lay = self.dq.layout(u_known.shape[1:], "cpu")
-        out = self.nets[g](group_input(feats, u_known.to(F64), lay, g))
+        out = self.nets[g](group_input(feats, u_known, lay, g))
         return mixture_params(out, lay.index[g], cfg, em.tanh)
 
 
