@@ -189,11 +189,9 @@ def _code(images, api, model, mode, device, settings) -> dict:
 
 
 def _stream_shape(rep) -> dict:
-    """How the model's stream was made, where the report has one: its seed tiles of all tiles and the
-    sizes of its bits-back batches (what its times depend on: only the batches' tiles run the model)."""
-    st = getattr(rep, "stream", None)
-    if st is None:
-        return {}
+    """How the model's stream was made: its seed tiles of all tiles and the sizes of its bits-back
+    batches (what its times depend on: only the batches' tiles run the model)."""
+    st = rep.stream
     return {"seed_tiles": [st.n_seed, st.n_tiles], "batch_sizes": [int(e - s) for s, e in st.batches]}
 
 
