@@ -544,6 +544,39 @@ def test_a_step_with_a_non_finite_loss_or_gradient_changes_nothing(fused):
     assert float(opt.state[w]["step"]) == 2 and (w.detach() < kept[0]).all()
 
 
+def test_a_checkpoint_of_an_adam_that_was_not_fused_resumes_fused(cifar_small, tmp_path):
+    """Checkpoints before 0.9.38 hold an Adam that was not fused (`fused: None` in its groups). Loading
+    one kept that setting, and the first step handed found_inf to the loop implementation, which
+    refuses it (an AssertionError: every resume of 0.9.36's GPU run failed). The optimizer's own way of
+    computing stays; the state (moments, step count, lr) is the checkpoint's."""
+    w = torch.nn.Parameter(torch.ones(3))
+    old = torch.optim.Adam([w], lr=0.1, fused=False)
+    w.grad = torch.tensor([1.0, 2.0, 3.0])
+    old.step()
+    tensors, scalars = ckpt.optimizer_tensors(old)
+    assert scalars["param_groups"][0]["fused"] is False
+    new = torch.optim.Adam([w], lr=0.5, fused=True)
+    ckpt.load_optimizer(new, tensors, scalars)
+    assert new.param_groups[0]["fused"] is True and new.param_groups[0]["lr"] == 0.1
+    assert torch.equal(new.state[w]["exp_avg"], old.state[w]["exp_avg"]) and float(new.state[w]["step"]) == 1
+    from trainer.train import guarded_step
+
+    guarded_step(new, torch.tensor(float("nan")), None)  # found_inf on a fused Adam: skipped, no error
+    assert float(new.state[w]["step"]) == 1
+    guarded_step(new, torch.tensor(1.0), None)
+    assert float(new.state[w]["step"]) == 2
+
+    # the whole resume, from a run whose saved groups say what 0.9.37's said
+    out = tmp_path / "r"
+    train(_cfg(cifar_small, steps=3), out, progress=False)
+    state_file = out / "checkpoint" / "state.json"
+    state = json.loads(state_file.read_text())
+    for g in state["optimizer"]["param_groups"]:
+        g["fused"] = None
+    state_file.write_text(json.dumps(state))
+    assert train(_cfg(cifar_small, steps=5), out, progress=False)["step"] == 5
+
+
 def test_lr_schedule_warmup_then_linear_cool_down():
     """lr_at against the closed form: linear warmup, constant, then (decay_from) linear to lr_end at steps."""
     from trainer.train import lr_at

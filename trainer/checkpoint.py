@@ -76,6 +76,10 @@ def _shards(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+# an optimizer's settings that choose its implementation (kernels), not its training state
+IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
+
+
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Adam-style state as flat tensors + JSON-able scalars."""
     sd = opt.state_dict()
@@ -98,7 +102,12 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     for pid, st in scalars["state"].items():
         for k, v in st.items():
             state.setdefault(int(pid), {})[k] = torch.tensor(v)
-    opt.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
+    # how the update is computed is this optimizer's, not the checkpoint's: a run saved by a release whose
+    # Adam was not fused (before 0.9.38) resumed with the fused one's settings replaced, and its
+    # guarded_step then handed found_inf to the loop implementation, which refuses it
+    groups = [{**g, **{k: mine[k] for k in IMPLEMENTATION if k in mine}}
+              for g, mine in zip(scalars["param_groups"], opt.param_groups)]
+    opt.load_state_dict({"state": state, "param_groups": groups})
 
 
 def _new_dir(path: Path) -> Path:
