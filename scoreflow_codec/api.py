@@ -660,7 +660,7 @@ def estimate_model_bpd(sources: list[imgs.SourceImage], model, tile: int, device
     def tiles_at(idx) -> np.ndarray:  # built per batch: never every tile of a large set at once
         return padded_tiles(sources, refs, idx, tile)
 
-    gen = torch.Generator().manual_seed(0)
+    gen = likelihood.seeded(0, device)
     net = models.ChannelsLast(model.model)  # faster kernels; an estimate, never a file's arithmetic
 
     def evaluate(idx: np.ndarray) -> np.ndarray:
@@ -719,7 +719,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     n32 = len(rgb) * tile * tile / (32 * 32)
 
     def estimate(idx: list[int], n_t: int, seed: int, net) -> None:
-        gen = torch.Generator().manual_seed(seed)
+        gen = likelihood.seeded(seed, device)
         for s in range(0, len(idx), step):
             part = idx[s:s + step]
             xb = torch.from_numpy(padded_tiles(sources, refs, part, tile)).to(device)
@@ -1244,7 +1244,7 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
     tile = default_stream_settings(model, tile).tile
     batch = tiles_like(batch, tile)  # about as many pixels per batch at any tile size
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = likelihood.seeded(seed, device)
     rows = []
     for arr in arrays:
         x = torch.from_numpy(image_tiles(arr, tile)).to(device)

@@ -22,6 +22,14 @@ def _sq(v: Tensor) -> Tensor:
     return v.reshape(v.shape[0], -1).pow(2).sum(1)
 
 
+def seeded(seed: int, device="cpu") -> torch.Generator:
+    """A seeded generator for draws made on `device`. Torch draws on a CUDA device only from a CUDA
+    generator (a CPU one raises "Expected a 'cuda' device type for generator"): until 0.9.39 `sfcodec
+    eval --device cuda` and the estimates of `compress --device cuda` made theirs with a CPU one. On a
+    CPU the same draws as torch.Generator().manual_seed(seed)."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)
+
+
 class DrawnDequantization:
     """One draw (u, log q(u | x)) of a dequantizer, handed out again on every `sample` call: the
     bound and the ODE NLL of the very same y = x + u, so their difference carries no u-noise."""

@@ -223,6 +223,29 @@ def test_the_estimate_weighs_each_image_by_its_dims(model, monkeypatch):
     assert e.mean == pytest.approx(np.average(per_image, weights=[a.size for a in arrs]), rel=1e-12)
 
 
+def test_the_estimates_and_the_evaluation_draw_on_the_device_they_run_on(model, monkeypatch):
+    """Torch draws on a CUDA device only from a generator of that device. Until 0.9.39 the bound's
+    estimates (estimate_model_bpd, tile_model_bits) and evaluate_images (`sfcodec eval`) made CPU
+    generators whatever their device, so `eval --device cuda` and `compress --device cuda` stopped at
+    their first draw. No GPU here: every generator made is recorded with the device it was made for,
+    and must be the device the call was given; on the CPU the draws are those of torch.Generator()."""
+    from scoreflow_codec import likelihood
+
+    real, made = torch.Generator, []
+
+    def generator(device=None):
+        made.append(None if device is None else torch.device(device).type)
+        return real() if device is None else real(device=device)
+    monkeypatch.setattr(torch, "Generator", generator)
+    src = [images.from_array(_gradient(40, 72))]
+    api.estimate_model_bpd(src, model, 32, device="cpu")
+    api.tile_model_bits(src, model, 32, device="cpu")
+    api.evaluate_images([_gradient(40, 72)], model, device="cpu", ode=False, n_t=2)
+    assert len(made) >= 3 and set(made) == {"cpu"}, made
+    monkeypatch.setattr(torch, "Generator", real)
+    assert torch.equal(torch.rand(5, generator=likelihood.seeded(3)), torch.rand(5, generator=real().manual_seed(3)))
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, monkeypatch, fast):
     """With the seed codec's bits, tile_model_bits estimates again, from other time samples (a
