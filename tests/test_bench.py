@@ -1,8 +1,10 @@
 """The benchmark harness: classical peers, data loaders, and bench/run.py end to end."""
 import json
 import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -558,3 +560,76 @@ def test_bench_scripts_say_what_is_wrong_with_their_input_in_one_line(tmp_path, 
             large_image.main(argv + ["--no-progress", "--threads", "1"])
         msg = str(e.value.code) if isinstance(e.value.code, str) else capsys.readouterr().err
         assert e.value.code != 0 and words in msg, msg
+
+
+def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
+    """bench/device_figures.py on the CPU, as a lent GPU would run it: prep writes the data, the plan
+    and run.sh (a zoo model by name, another as a file copied in, a wheel carried); run takes the
+    steps in order and packs what each wrote into figures.tar; show pairs the models image by image.
+    A step without time left is skipped, and what ran before it comes back."""
+    from bench import device_figures as df
+
+    npz = tmp_path / "test.npz"
+    rng = np.random.default_rng(0)
+    np.savez(npz, images=rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8))
+    wheel = tmp_path / "constriction-0.0-cp312-none-any.whl"
+    wheel.write_bytes(b"stand-in")
+    folder = tmp_path / "dev"
+    model_file = REPO / "scoreflow_codec" / "zoo" / "cifar10.safetensors"
+    prep = ["prep", "--model", "cifar10-12", "--model", str(model_file), "--cifar", str(npz), "--parts", "2",
+            "--n-t", "2", "--no-ode", "--stream-images", "1", "--kodak", "0", "--device", "cpu", "--threads", "1",
+            "--setting", "steps=4", "--wheel", str(wheel), "--folder", str(folder), "--budget", "500"]
+    assert df.main(prep) == 0
+    assert "5 steps in 500 s" in capsys.readouterr().out
+    plan = json.loads((folder / "plan.json").read_text())
+    assert [s["name"] for s in plan["steps"]] == ["eval-cifar10-12-0", "eval-cifar10-0", "eval-cifar10-12-1",
+                                                  "eval-cifar10-1", "cifar"]
+    assert (folder / "models" / "cifar10.safetensors").read_bytes() == model_file.read_bytes()
+    assert (folder / "wheels" / wheel.name).exists() and "pip install" in (folder / "run.sh").read_text()
+    assert [len(np.load(folder / f"test-{k}.npz")["images"]) for k in (0, 1)] == [2, 1]
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    assert df.main(["run", str(folder / "plan.json"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["figures", "figures.tar"]
+    text = df.show(str(out))
+    lines = text.splitlines()
+    assert lines[0].startswith("cifar10-12 (3e614114), 3 images (parts [0, 1]): bound_bpd ")
+    assert lines[1].startswith("cifar10 (009414f2), 3 images (parts [0, 1]): bound_bpd ")
+    with tarfile.open(out / "figures.tar") as tar:
+        rows = {m: [r for k in (0, 1) for r in json.loads(tar.extractfile(f"figures/eval-{m}-{k}.json").read())["rows"]]
+                for m in ("cifar10-12", "cifar10")}
+    diff = [a["bound_bpd"] - b["bound_bpd"] for a, b in zip(rows["cifar10"], rows["cifar10-12"])]
+    assert lines[2].startswith(f"  bound_bpd - cifar10-12's: {np.mean(diff):+.4f} +- "
+                               f"{np.std(diff, ddof=1) / np.sqrt(3):.4f} (lower on {sum(d < 0 for d in diff)} of 3)")
+    # the first step had the whole budget but what the later four reserve (3 x 20 s, 60 s)
+    assert re.search(r"eval-cifar10-12-0: .* \(at most 3[78]\d s\)", text)
+    assert "cifar: model=" in text and "1 images" in text and "lossless True" in text
+    assert "all steps in" in text and "0 failed" in text
+
+    # a step that runs out of time is stopped, and what the steps before it wrote comes back; a step
+    # without the 5 s that a start takes is skipped
+    stand_in = json.dumps({"sha256": "ab", "rows": [{"bound_bpd": 3.5}]})
+    quick = {"name": "eval-a-0", "kind": "eval", "reserve": 0, "stdout": "eval-a-0.json",
+             "cmd": ["python3", "-c", f"print({stand_in!r})"]}
+    out2 = tmp_path / "out2"
+    # it finds the first step's results packed already (a kill of the whole run would leave them)
+    slow = {"name": "cifar", "kind": "cifar", "reserve": 0,
+            "cmd": ["python3", "-c", "import sys, tarfile, time; tarfile.open(sys.argv[1]).getmember("
+                                     "'figures/eval-a-0.json'); time.sleep(60)", str(out2 / "figures.tar")]}
+    late = {"name": "kodak", "kind": "kodak", "reserve": 0, "cmd": ["python3", "-c", "print(1)"]}
+    (tmp_path / "plan2.json").write_text(json.dumps({"budget_s": 6.0, "device": "cpu", "models": ["a"],
+                                                     "steps": [quick, slow, late]}))
+    assert df.main(["run", str(tmp_path / "plan2.json"), "--out", str(out2)]) == 1
+    text = df.show(str(out2))
+    assert text.startswith("a (ab), 1 images (parts [0]): bound_bpd 3.5000 +- nan")
+    assert "eval-a-0: done in" in text and "cifar: failed (timed out)" in text
+    assert "kodak: skipped" in text and "2 failed" in text
+    with tarfile.open(out2 / "figures.tar") as tar:
+        assert json.loads(tar.extractfile("figures/eval-a-0.json").read()) == json.loads(stand_in)
+
+    assert df.main(["prep", "--model", "nope", "--folder", str(folder), "--wheel", "none", "--cifar", str(npz)]) == 2
+    assert "--model nope: neither a model of the zoo nor a file" in capsys.readouterr().err
+    assert (folder / "plan.json").exists()  # refused before anything was written
+    assert df.main(["show", str(tmp_path / "nothing")]) == 2
+    assert "no figures.tar" in capsys.readouterr().err
