@@ -608,25 +608,27 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     assert "all steps in" in text and "0 failed" in text
 
     # a step that runs out of time is stopped, and what the steps before it wrote comes back; a step
-    # without the 5 s that a start takes is skipped
-    stand_in = json.dumps({"sha256": "ab", "rows": [{"bound_bpd": 3.5}]})
-    quick = {"name": "eval-a-0", "kind": "eval", "reserve": 0, "stdout": "eval-a-0.json",
-             "cmd": ["python3", "-c", f"print({stand_in!r})"]}
+    # without the 5 s that a start takes is skipped; show pairs the models on the parts all of them have
+    def stand_in(name, bpd):
+        out = json.dumps({"sha256": name[0] * 2, "rows": [{"bound_bpd": bpd}]})
+        return {"name": f"eval-{name}", "kind": "eval", "reserve": 0, "stdout": f"eval-{name}.json",
+                "cmd": ["python3", "-c", f"print({out!r})"]}
     out2 = tmp_path / "out2"
-    # it finds the first step's results packed already (a kill of the whole run would leave them)
+    # it finds the earlier steps' results packed already (a kill of the whole run would leave them)
     slow = {"name": "cifar", "kind": "cifar", "reserve": 0,
             "cmd": ["python3", "-c", "import sys, tarfile, time; tarfile.open(sys.argv[1]).getmember("
-                                     "'figures/eval-a-0.json'); time.sleep(60)", str(out2 / "figures.tar")]}
-    late = {"name": "kodak", "kind": "kodak", "reserve": 0, "cmd": ["python3", "-c", "print(1)"]}
-    (tmp_path / "plan2.json").write_text(json.dumps({"budget_s": 6.0, "device": "cpu", "models": ["a"],
-                                                     "steps": [quick, slow, late]}))
+                                     "'figures/eval-a-1.json'); time.sleep(60)", str(out2 / "figures.tar")]}
+    late = {"name": "kodak", "kind": "kodak", "reserve": 3, "cmd": ["python3", "-c", "print(1)"]}
+    steps = [stand_in("a-0", 3.5), stand_in("b-0", 3.25), stand_in("a-1", 9.0), slow, late]
+    (tmp_path / "plan2.json").write_text(json.dumps({"budget_s": 10.0, "device": "cpu", "models": ["a", "b"],
+                                                     "steps": steps}))
     assert df.main(["run", str(tmp_path / "plan2.json"), "--out", str(out2)]) == 1
     text = df.show(str(out2))
-    assert text.startswith("a (ab), 1 images (parts [0]): bound_bpd 3.5000 +- nan")
-    assert "eval-a-0: done in" in text and "cifar: failed (timed out)" in text
+    assert text.startswith("a (aa), 1 images (parts [0]): bound_bpd 3.5000 +- nan\n"
+                           "b (bb), 1 images (parts [0]): bound_bpd 3.2500 +- nan\n"
+                           "  bound_bpd - a's: -0.2500 +- nan (lower on 1 of 1)\n")
+    assert "eval-a-1: done in" in text and "cifar: failed (timed out)" in text
     assert "kodak: skipped" in text and "2 failed" in text
-    with tarfile.open(out2 / "figures.tar") as tar:
-        assert json.loads(tar.extractfile("figures/eval-a-0.json").read()) == json.loads(stand_in)
 
     assert df.main(["prep", "--model", "nope", "--folder", str(folder), "--wheel", "none", "--cifar", str(npz)]) == 2
     assert "--model nope: neither a model of the zoo nor a file" in capsys.readouterr().err
