@@ -1,8 +1,8 @@
 """Every call the benchmark makes into scoreflow-codec, in one place.
 
-Uses exactly ``zoo.load_model``, ``api.compress_arrays``, ``api.decompress_arrays`` and
-``api.evaluate_images``. Files are made with the seed-codec fallback "both": the smaller of the
-model's stream and the seed codec alone, as `sfcodec compress` writes them, except that the
+Uses exactly ``zoo.load_model``, ``api.compress_arrays``, ``api.decompress_arrays``,
+``api.evaluate_images``, ``api.coding_settings`` and ``api.device_problem``. Files are made with
+the seed-codec fallback "both": the smaller of the model's stream and the seed codec alone, as `sfcodec compress` writes them, except that the
 model's stream is always coded (``--setting fallback=off``: the model's stream only); every row
 gives the model's stream (model_bpd), the seed codec alone (seed_bpd) and which the file is. If the library API is missing this fails with ``ScoreflowError``
 ("scoreflow_codec.api not available ..."); it never reports an estimate as a size.
@@ -24,7 +24,7 @@ class ScoreflowError(Exception):
 
 
 class ModelLoadError(ScoreflowError):
-    """The model asked for cannot be found or loaded: the user's input, as a data set's absence is
+    """The model asked for cannot be found or loaded (or not on the device asked for): the user's input, as a data set's absence is
     (bench/run.py exits 2 for both, as the other bench scripts do for a bad --model)."""
 
 
@@ -70,8 +70,12 @@ def resolve_model(name_or_path: str | None, sizes: list[tuple[int, int]] | None 
 
 
 def load_model(name_or_path: str | None, device: str, sizes: list[tuple[int, int]] | None = None):
-    """The model `resolve_model` names, loaded."""
-    _, zoo = _import_api()
+    """The model `resolve_model` names, loaded on device (ModelLoadError where this machine's torch
+    cannot run there: before 0.9.39 an internal error from deep in torch)."""
+    api, zoo = _import_api()
+    problem = api.device_problem(device)
+    if problem:
+        raise ModelLoadError(f"--device {device}: {problem}")
     name_or_path = resolve_model(name_or_path, sizes)
     from scoreflow_codec.errors import ModelError
     try:

@@ -20,7 +20,7 @@ import click
 
 from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
-from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, OutputExistsError, OutputPresentError,
+from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, ModelMismatchError, OutputExistsError, OutputPresentError,
                                     SfcError, UsageError, WriteError)
 from scoreflow_codec.fileio import atomic_write, is_block_device, is_read_once, is_special
 
@@ -125,6 +125,19 @@ class _Tick:
 
     def describe(self, what: str) -> None:
         self.bar.set_description_str(f"{self.desc}: {what}")
+
+
+def _device_option(ctx, param, value):
+    """--device: one line (a usage error) where this machine's torch cannot run on it, not an internal
+    error from deep in torch later (api.device_problem)."""
+    if value is None or value == "cpu":
+        return value
+    from scoreflow_codec import api
+
+    problem = api.device_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
 
 
 def _load_model(spec: str, device: str, sizes: list[tuple[int, int]] | None = None, fallback: str = "auto"):
@@ -418,7 +431,7 @@ MODEL_HELP = "Model: 'auto' (by image size), a name from `sfcodec models`, or a 
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
 @click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None, help="Solver / chain steps (default 128 in both modes, but in chain mode the model's own where its zoo entry or its file gives one: see `sfcodec models`; fewer is faster and larger).")
 @TILE_OPTION
-@click.option("--device", default="cpu", show_default=True,
+@click.option("--device", default="cpu", show_default=True, callback=_device_option,
               help="cpu, or cuda with --arith float32 (such files decode on the same kind of device only).")
 @click.option("--verify/--no-verify", "verify", default=None,
               help="Decode before declaring success. Default: on where cheap (small inputs or chain mode).")
@@ -578,7 +591,8 @@ def _larger_than_inputs(output: Path, size: int, inputs: list[Path]) -> list[str
                    "(-o /dev/null): the format (default png); with -o FILE the file name's suffix says it.")
 @click.option("--model", default=None, help="Model to decode with (default: the one named in the file; a file "
               "coded by the seed codec alone names none and needs none).")
-@click.option("--device", default=None, help="cpu or cuda (default: the kind the file was encoded on).")
+@click.option("--device", default=None, callback=_device_option,
+              help="cpu or cuda (default: the kind the file was encoded on).")
 @JOBS_OPTION
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
@@ -647,6 +661,10 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     header = api.read_header(data)
     container.unpack(data)  # a truncated or corrupt payload is the file's fault: say so before looking for a model
     device = o["device"] or header.get("setup", {}).get("device", "cpu")
+    problem = None if o["device"] or not api.needs_model(header) else api.device_problem(device)
+    if problem:  # a float32 file decodes on the kind of device that wrote it only
+        raise ModelMismatchError(f"{_shown(input)}: the file was encoded on {device} in float32 arithmetic, which "
+                                 f"only that kind of device reproduces, and {problem}")
     n = sum(run[3] for run in header["images"])
     names = [header.get("meta", {}).get(str(i), {}).get("name") for i in range(n)]
     modes = [mode for *_, mode, count in header["images"] for _ in range(count)]
@@ -828,7 +846,7 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
 @click.option("--mode", type=click.Choice(["chain", "ode"]), default="chain", show_default=True, help=MODE_HELP)
 @click.option("--steps", type=click.IntRange(*STEPS_RANGE), default=None)
 @TILE_OPTION
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, callback=_device_option)
 @ARITH_OPTION
 @FALLBACK_OPTION
 @NO_FALLBACK_OPTION
@@ -913,7 +931,7 @@ def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
 @cli.command(name="eval")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--model", default="auto", show_default=True, help=MODEL_HELP)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, callback=_device_option)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use the first N images (of an .npz, a folder, all inputs).")
 @click.option("-r", "--recursive", is_flag=True, help="A folder's subfolders' images too.")
 @click.option("--no-ode", is_flag=True, help="Bound only (the ODE NLL is the slow part).")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from bench import classical, datasets
@@ -183,6 +184,10 @@ def test_cli_errors_are_one_line(tmp_path):
              "--out", str(tmp_path), env={"SFC_SHARED_DATA": str(tmp_path / "absent")})
     assert r.returncode == 2 and "Traceback" not in r.stderr  # a bad model is the user's input, as bad data
     assert "missing.safetensors" in r.stderr
+    if not torch.cuda.is_available():  # a device this torch cannot run on: the user's input too (0.9.39)
+        r = _run("--quick", "--codecs", "scoreflow", "--device", "cuda", "--out", str(tmp_path))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.startswith("error: --device cuda: "), r.stderr
     assert not list(tmp_path.iterdir())  # nothing written on failure
 
 

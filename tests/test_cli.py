@@ -1537,3 +1537,50 @@ def test_a_file_in_parts_decodes_with_any_number_of_jobs(tmp_path, monkeypatch):
     assert_ok(r)
     assert json.loads(r.stdout)["identical"]
     assert sfcodec("decompress", one, "-o", tmp_path / "x", "--jobs", "0").exit_code == EXIT["usage"]
+
+
+def test_a_device_this_machine_cannot_run_on_is_one_line(tmp_path, model_a, monkeypatch):
+    """--device that this torch cannot run on: click's usage error naming why (exit 2), for every
+    command that takes one, before any work; a float32 file that names a device this machine lacks:
+    one line (exit 5). Before 0.9.39 both were internal errors (an AssertionError from deep in torch,
+    "please report it"). api.device_problem's cases, with CUDA faked where there is none."""
+    from scoreflow_codec import container
+
+    img = tmp_path / "a.png"
+    Image.fromarray(_smooth_rgb(64, 64)).save(img)
+    cuda_words = None if torch.cuda.is_available() else "was built without cuda" if torch.version.cuda is None \
+        else "no cuda device is available"
+    cases = [("cpux", "unknown device 'cpux' (cpu or cuda)"), ("mps", "device 'mps' is not supported (cpu or cuda)")]
+    if cuda_words:
+        cases.append(("cuda", cuda_words))
+    good = tmp_path / "good.sfc"
+    assert_ok(sfcodec("compress", img, "--model", model_a, "--arith", "float32", "--steps", "4", "--no-fallback",
+                      "--seed-tiles", "first", "-o", good))
+    for device, words in cases:
+        for args in (("compress", img, "--model", model_a, "-o", tmp_path / "x.sfc"),
+                     ("decompress", good, "--model", model_a, "-o", tmp_path / "x.png"),
+                     ("verify", img, "--model", model_a), ("eval", img, "--model", model_a, "--no-ode")):
+            r = sfcodec(*args, "--device", device)
+            assert r.exit_code == EXIT["usage"] and "Traceback" not in r.output, (args, r.output)
+            assert "Invalid value for '--device'" in r.stderr and words in r.stderr.lower(), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "good.sfc"]
+
+    # the file's own device (no --device): one line, nothing written
+    header, payload = container.unpack(good.read_bytes())
+    assert header["setup"]["device"] == "cpu" and header["setup"]["dtype"] == "float32"
+    header["setup"]["device"] = "cuda"
+    (tmp_path / "cuda.sfc").write_bytes(container.pack(header, payload))
+    if cuda_words:
+        assert_error(sfcodec("decompress", tmp_path / "cuda.sfc", "--model", model_a, "-o", tmp_path / "y.png"),
+                     EXIT["model"], "cuda.sfc: the file was encoded on cuda in float32 arithmetic", cuda_words)
+        assert not (tmp_path / "y.png").exists()
+
+    assert api.device_problem("cpu") is None and api.device_problem("cpu:0") is None
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert api.device_problem("cuda") == f"this torch ({torch.__version__}) was built without CUDA"
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert api.device_problem("cuda") == "no CUDA device is available on this machine"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert api.device_problem("cuda") is None and api.device_problem("cuda:1") is None
+    assert api.device_problem("cuda:2") == "no cuda:2 on this machine (it has 2 CUDA devices)"

@@ -577,6 +577,23 @@ def test_a_checkpoint_of_an_adam_that_was_not_fused_resumes_fused(cifar_small, t
     assert train(_cfg(cifar_small, steps=5), out, progress=False)["step"] == 5
 
 
+def test_a_device_this_torch_cannot_run_on_is_a_usage_error(cifar_small, tmp_path):
+    """train --device: one line naming why (exit 2), no run directory; before 0.9.39 "Expected a
+    torch.device with a specified index or an integer, but got:cuda" on a CPU-only torch."""
+    from click.testing import CliRunner
+
+    from trainer.__main__ import main
+
+    cases = [("cpux", "unknown device 'cpux' (cpu or cuda)")]
+    if not torch.cuda.is_available():
+        cases.append(("cuda", "--device cuda: "))
+    for device, words in cases:
+        r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "run"), "--preset", "tiny", "--data",
+                                      str(cifar_small / "train.npz"), "--steps", "1", "--device", device])
+        assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_lr_schedule_warmup_then_linear_cool_down():
     """lr_at against the closed form: linear warmup, constant, then (decay_from) linear to lr_end at steps."""
     from trainer.train import lr_at

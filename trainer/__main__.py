@@ -99,7 +99,13 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
     """Train (or resume) a run."""
     import torch
 
+    from scoreflow_codec.api import device_problem
+
     from .train import train as run
+
+    problem = device and device_problem(device)
+    if problem:  # before: "Expected a torch.device with a specified index or an integer, but got:cuda"
+        raise click.UsageError(f"--device {device}: {problem}")
 
     if threads:
         torch.set_num_threads(threads)
