@@ -21,7 +21,9 @@ time left but what the steps after it reserve (RESERVE_S), and after each packs 
 $OUT/figures.tar: the device returns 8 files at most, and a step that runs out of time leaves the
 ones before it intact. The steps:
 
-* eval-NAME-K: `sfcodec eval test-K.npz --model NAME --device DEV --json` for each model and each of
+* eval-NAME-K: `sfcodec eval test-K.npz --model NAME --device DEV --batch 300 --json` (a part's images
+  in one batch and one ODE solve: alone, a CIFAR-10 image is a solve of about a thousand network
+  calls of batch 1, which a GPU runs no faster than a CPU core) for each model and each of
   --parts parts of the images (part by part, every model on a part before the next: a step cut
   short loses one part, and what came back is paired), all with the same seed, so the draws
   (dequantization, time samples, probes) are the same for every model and the per-image
@@ -136,7 +138,8 @@ def prep(args) -> dict:
     models = [_model_ref(m, names, root / "models", folder) for m in args.model]
     py = "python3"
     steps = []
-    ev = ["--n-t", str(args.n_t), "--rtol", str(args.rtol), "--atol", str(args.rtol), "--seed", "0"]
+    ev = ["--n-t", str(args.n_t), "--rtol", str(args.rtol), "--atol", str(args.rtol), "--seed", "0",
+          "--batch", str(args.eval_batch)]
     if args.no_ode:
         ev.append("--no-ode")
     for k in range(len(parts)):
@@ -332,6 +335,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     pr.add_argument("--n-t", type=int, default=1000, help="time samples of the bound (sfcodec eval's)")
     pr.add_argument("--rtol", type=float, default=1e-5, help="rtol = atol of the ODE (sfcodec eval's)")
     pr.add_argument("--no-ode", action="store_true", help="the bound only")
+    pr.add_argument("--eval-batch", type=int, default=300,
+                    help="sfcodec eval --batch: images a batch and an ODE solve (a GPU is launch-bound at batch 1)")
     pr.add_argument("--stream-images", type=int, default=32, help="CIFAR-10 images coded as one stream (0: none)")
     pr.add_argument("--kodak", type=int, default=2, help="Kodak images coded with the photo model (0: none)")
     pr.add_argument("--setting", action="append", default=[], help="more bench/run.py --setting KEY=VALUE")

@@ -1259,39 +1259,54 @@ def image_tiles(arr: np.ndarray, size: int = 32) -> np.ndarray:
 
 def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: bool = True, bound: bool = True,
                     n_t: int = 1000, rtol: float = 1e-5, atol: float = 1e-5, seed: int = 0,
-                    tile: int | None = None, batch: int = 64, probes: int = 1) -> list[dict]:
+                    tile: int | None = None, batch: int = 64, probes: int = 1, pool: int | None = None) -> list[dict]:
     """Per image: bound bpd (with and without the eps correction) and ODE NLL bpd, averaged over
     its tiles (edge tiles padded by replication, so counted over the padded dims; tile: the
     model's by default, as compress uses). Both are of the same dequantized y (one u per tile).
-    probes: Hutchinson probes per tile for the ODE's divergence (its noise falls as 1/sqrt)."""
+    probes: Hutchinson probes per tile for the ODE's divergence (its noise falls as 1/sqrt).
+    By default each image's tiles go through the network alone, `batch` 32x32 tiles' worth at a
+    time; pool (0.9.39): the tiles of all the images together, that many a batch (and one ODE solve
+    per batch), which a GPU needs for small images: a CIFAR-10 image is one tile, one solve of about
+    a thousand network calls of batch 1. The draws then fall differently over the images (as do the
+    ODE's steps, shared within a solve), so the numbers differ from the default's by that noise."""
     import torch
 
     from . import likelihood
 
     tile = default_stream_settings(model, tile).tile
     batch = tiles_like(batch, tile)  # about as many pixels per batch at any tile size
-
     gen = likelihood.seeded(seed, device)
-    rows = []
-    for arr in arrays:
-        x = torch.from_numpy(image_tiles(arr, tile)).to(device)
-        r: dict = {"tiles": int(x.shape[0])}
-        for s in range(0, x.shape[0], batch):
-            xb = x[s:s + batch]
-            deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
-            if bound:
-                terms = likelihood.bound_terms(model.model, xb, deq, n_t=n_t, generator=gen)
-                r.setdefault("_b", []).append(terms["bpd_with"].cpu())
-                r.setdefault("_bn", []).append(terms["bpd_without"].cpu())
-            if ode:
-                nll = likelihood.ode_nll_bpd(model.model, xb, deq, rtol=rtol, atol=atol,
-                                             trace="hutchinson", generator=gen, probes=probes)
-                r.setdefault("_o", []).append(nll.detach().cpu())
-        for key, name in (("_b", "bound_bpd"), ("_bn", "bound_bpd_nocorr"), ("_o", "ode_nll_bpd")):
-            if key in r:
-                r[name] = float(torch.cat(r.pop(key)).double().mean())
-        rows.append(r)
-    return rows
+
+    def measure(xb: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per tile of xb, each measure asked for (float64 on the CPU)."""
+        deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
+        out = {}
+        if bound:
+            terms = likelihood.bound_terms(model.model, xb, deq, n_t=n_t, generator=gen)
+            out["bound_bpd"] = terms["bpd_with"].cpu()
+            out["bound_bpd_nocorr"] = terms["bpd_without"].cpu()
+        if ode:
+            out["ode_nll_bpd"] = likelihood.ode_nll_bpd(model.model, xb, deq, rtol=rtol, atol=atol, trace="hutchinson",
+                                                        generator=gen, probes=probes).detach().cpu()
+        return {k: v.double() for k, v in out.items()}
+
+    def cat(parts: list[dict]) -> dict[str, torch.Tensor]:
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    counts, per_image = [], []  # each image's tiles, and their values
+    if pool and arrays:
+        tiles = [image_tiles(arr, tile) for arr in arrays]
+        every = np.concatenate(tiles)
+        values = cat([measure(torch.from_numpy(every[s:s + pool]).to(device)) for s in range(0, len(every), pool)])
+        counts = [len(t) for t in tiles]
+        ends = np.cumsum([0] + counts)
+        per_image = [{k: v[a:b] for k, v in values.items()} for a, b in zip(ends[:-1], ends[1:])]
+    else:  # one image's tiles at a time (made as it comes: all of them at once could be large)
+        for arr in arrays:
+            x = torch.from_numpy(image_tiles(arr, tile)).to(device)
+            counts.append(x.shape[0])
+            per_image.append(cat([measure(x[s:s + batch]) for s in range(0, x.shape[0], batch)]))
+    return [{"tiles": n, **{k: float(v.mean()) for k, v in m.items()}} for n, m in zip(counts, per_image)]
 
 
 _EVAL_KEYS = ("bound_bpd", "bound_bpd_nocorr", "ode_nll_bpd")

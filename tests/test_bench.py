@@ -589,6 +589,8 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     plan = json.loads((folder / "plan.json").read_text())
     assert [s["name"] for s in plan["steps"]] == ["eval-cifar10-12-0", "eval-cifar10-0", "eval-cifar10-12-1",
                                                   "eval-cifar10-1", "cifar"]
+    ev = plan["steps"][0]["cmd"]  # a part's images in one batch (sfcodec eval --batch)
+    assert ev[ev.index("--batch") + 1] == "300"
     assert (folder / "models" / "cifar10.safetensors").read_bytes() == model_file.read_bytes()
     assert (folder / "wheels" / wheel.name).exists() and "pip install" in (folder / "run.sh").read_text()
     assert [len(np.load(folder / f"test-{k}.npz")["images"]) for k in (0, 1)] == [2, 1]

@@ -246,6 +246,35 @@ def test_the_estimates_and_the_evaluation_draw_on_the_device_they_run_on(model, 
     assert torch.equal(torch.rand(5, generator=likelihood.seeded(3)), torch.rand(5, generator=real().manual_seed(3)))
 
 
+@pytest.mark.parametrize("pool", [3, 2])
+def test_evaluate_images_pooled_measures_each_batch_of_tiles_across_images(model, pool):
+    """evaluate_images(pool=N) (`sfcodec eval --batch N`): the tiles of all the images, N a batch, one
+    draw and one ODE solve per batch, each image's row the mean of its own tiles' values. Against the
+    same computation written out: the same seeded generator, the same tiles in batches of N, the
+    likelihood functions called directly."""
+    from scoreflow_codec import likelihood
+
+    one, two = _gradient(32, 32), _gradient(32, 64)  # one tile and two
+    kw = dict(n_t=3, rtol=1e-3, atol=1e-3)
+    rows = api.evaluate_images([one, two], model, pool=pool, **kw)
+    tiles = torch.from_numpy(np.concatenate([api.image_tiles(one), api.image_tiles(two)]))
+    gen = likelihood.seeded(0)
+    b, o = [], []
+    for s in range(0, 3, pool):
+        xb = tiles[s:s + pool]
+        deq = likelihood.DrawnDequantization(model.dequantizer, xb, gen)
+        b.append(likelihood.bound_terms(model.model, xb, deq, n_t=3, generator=gen)["bpd_with"].double())
+        o.append(likelihood.ode_nll_bpd(model.model, xb, deq, rtol=1e-3, atol=1e-3, trace="hutchinson",
+                                        generator=gen).detach().double())
+    b, o = torch.cat(b), torch.cat(o)
+    assert [r["tiles"] for r in rows] == [1, 2]
+    assert rows[0]["bound_bpd"] == float(b[0]) and rows[1]["bound_bpd"] == float(b[1:].mean())
+    assert rows[0]["ode_nll_bpd"] == float(o[0]) and rows[1]["ode_nll_bpd"] == float(o[1:].mean())
+    # the default (each image alone) draws otherwise, and keeps its numbers
+    alone = api.evaluate_images([one, two], model, **kw)
+    assert alone[0]["bound_bpd"] != rows[0]["bound_bpd"] and [r["tiles"] for r in alone] == [1, 2]
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_tile_model_bits_estimates_the_tiles_near_the_seed_codec_again(model, monkeypatch, fast):
     """With the seed codec's bits, tile_model_bits estimates again, from other time samples (a
