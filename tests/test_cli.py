@@ -1120,6 +1120,13 @@ def test_eval(model_a, tmp_path):
         assert out["se"][k] == pytest.approx(abs(a - b) / 2, abs=1e-12)
     assert out["se"]["bound_bpd"] > 0.1  # (the untrained model's ODE NLL does not depend on the image)
     assert json.loads(sfcodec(*args, "--json").stdout) == out  # same seed, same numbers
+    # --batch: both images in one batch (api.evaluate_images' pool), the draws spread otherwise
+    from scoreflow_codec import zoo
+    pooled = json.loads(sfcodec(*args, "--batch", "2", "--no-ode", "--json").stdout)["rows"]
+    want = api.evaluate_images([_smooth_rgb(16, 16, 1), _smooth_rgb(16, 16, 2)], zoo.load_model(str(model_a)),
+                               ode=False, n_t=4, pool=2)
+    assert [r["bound_bpd"] for r in pooled] == [r["bound_bpd"] for r in want]
+    assert pooled[0]["bound_bpd"] != json.loads(sfcodec(*args, "--no-ode", "--json").stdout)["rows"][0]["bound_bpd"]
     table = sfcodec(*args, "--no-ode").stdout.splitlines()
     assert table[0].split() == ["image", "bound_bpd", "bound_bpd_nocorr"] and table[-2].startswith("mean")
     se = table[-1].split()
