@@ -159,8 +159,8 @@ def prep(args) -> dict:
         steps.append({"name": "kodak", "kind": "kodak",
                       "cmd": [py, "bench/run.py", f"{folder}/kodak", "--model", "photo", "--no-stream", "--out",
                               "{out}/kodak"] + bench})
-    plan = {"budget_s": args.budget, "device": args.device, "threads": args.threads, "models": [m[0] for m in models], "parts": len(parts),
-            "steps": steps,
+    plan = {"budget_s": args.budget, "device": args.device, "threads": args.threads, "models": [m[0] for m in models],
+            "parts": len(parts), "steps": steps,
             "made": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (root / "plan.json").write_text(json.dumps(plan, indent=1))
     (root / "run.sh").write_text("\n".join([

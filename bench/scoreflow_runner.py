@@ -2,10 +2,11 @@
 
 Uses exactly ``zoo.load_model``, ``api.compress_arrays``, ``api.decompress_arrays``,
 ``api.evaluate_images``, ``api.coding_settings`` and ``api.device_problem``. Files are made with
-the seed-codec fallback "both": the smaller of the model's stream and the seed codec alone, as `sfcodec compress` writes them, except that the
-model's stream is always coded (``--setting fallback=off``: the model's stream only); every row
-gives the model's stream (model_bpd), the seed codec alone (seed_bpd) and which the file is. If the library API is missing this fails with ``ScoreflowError``
-("scoreflow_codec.api not available ..."); it never reports an estimate as a size.
+the seed-codec fallback "both": the smaller of the model's stream and the seed codec alone, as
+`sfcodec compress` writes them, except that the model's stream is always coded (``--setting
+fallback=off``: the model's stream only); every row gives the model's stream (model_bpd), the seed
+codec alone (seed_bpd) and which the file is. If the library API is missing this fails with
+``ScoreflowError`` ("scoreflow_codec.api not available ..."); it never reports an estimate as a size.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ class ScoreflowError(Exception):
 
 
 class ModelLoadError(ScoreflowError):
-    """The model asked for cannot be found or loaded (or not on the device asked for): the user's input, as a data set's absence is
-    (bench/run.py exits 2 for both, as the other bench scripts do for a bad --model)."""
+    """The model asked for cannot be found or loaded (or not on the device asked for): the user's
+    input, as a data set's absence is (bench/run.py exits 2 for both, as the other bench scripts do
+    for a bad --model)."""
 
 
 def _import_api():

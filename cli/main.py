@@ -20,8 +20,8 @@ import click
 
 from scoreflow_codec import __version__
 from scoreflow_codec.coding.modes import STEPS_RANGE, TILE_RANGE
-from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, ModelMismatchError, OutputExistsError, OutputPresentError,
-                                    SfcError, UsageError, WriteError)
+from scoreflow_codec.errors import (BadFileError, BadImageError, ModelError, ModelMismatchError, OutputExistsError,
+                                    OutputPresentError, SfcError, UsageError, WriteError)
 from scoreflow_codec.fileio import atomic_write, is_block_device, is_read_once, is_special
 
 EPILOG_COMPRESS = """\b
