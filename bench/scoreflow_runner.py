@@ -1,7 +1,7 @@
 """Every call the benchmark makes into scoreflow-codec, in one place.
 
 Uses exactly ``zoo.load_model``, ``api.compress_arrays``, ``api.decompress_arrays``,
-``api.evaluate_images``, ``api.coding_settings`` and ``api.device_problem``. Files are made with
+``api.evaluate_images``, ``api.coding_settings`` and ``models.device_problem``. Files are made with
 the seed-codec fallback "both": the smaller of the model's stream and the seed codec alone, as
 `sfcodec compress` writes them, except that the model's stream is always coded (``--setting
 fallback=off``: the model's stream only); every row gives the model's stream (model_bpd), the seed
@@ -74,8 +74,9 @@ def resolve_model(name_or_path: str | None, sizes: list[tuple[int, int]] | None 
 def load_model(name_or_path: str | None, device: str, sizes: list[tuple[int, int]] | None = None):
     """The model `resolve_model` names, loaded on device (ModelLoadError where this machine's torch
     cannot run there: before 0.9.39 an internal error from deep in torch)."""
-    api, zoo = _import_api()
-    problem = api.device_problem(device)
+    _, zoo = _import_api()
+    from scoreflow_codec.models import device_problem
+    problem = device_problem(device)
     if problem:
         raise ModelLoadError(f"--device {device}: {problem}")
     name_or_path = resolve_model(name_or_path, sizes)

@@ -129,12 +129,12 @@ class _Tick:
 
 def _device_option(ctx, param, value):
     """--device: one line (a usage error) where this machine's torch cannot run on it, not an internal
-    error from deep in torch later (api.device_problem)."""
+    error from deep in torch later (models.device_problem)."""
     if value is None or value == "cpu":
         return value
-    from scoreflow_codec import api
+    from scoreflow_codec.models import device_problem  # loads torch: not for the default cpu
 
-    problem = api.device_problem(value)
+    problem = device_problem(value)
     if problem:
         raise click.BadParameter(problem)
     return value
@@ -661,7 +661,10 @@ def _decompress_file(input: Path, output: Path, o: dict, quiet: bool):
     header = api.read_header(data)
     container.unpack(data)  # a truncated or corrupt payload is the file's fault: say so before looking for a model
     device = o["device"] or header.get("setup", {}).get("device", "cpu")
-    problem = None if o["device"] or not api.needs_model(header) else api.device_problem(device)
+    problem = None
+    if not o["device"] and api.needs_model(header):
+        from scoreflow_codec.models import device_problem
+        problem = device_problem(device)
     if problem:  # a float32 file decodes on the kind of device that wrote it only
         raise ModelMismatchError(f"{_shown(input)}: the file was encoded on {device} in float32 arithmetic, which "
                                  f"only that kind of device reproduces, and {problem}")

@@ -178,33 +178,6 @@ def _device_class(device: str) -> str:
     return torch.device(device).type
 
 
-def device_problem(device: str) -> str | None:
-    """Why this machine's torch cannot run on `device` (one line), None where it can: an unknown name,
-    a device other than the CPU and CUDA (the codec's two), CUDA in a torch built without it or with
-    no GPU present, a CUDA index past the last GPU. Before 0.9.39 those stopped as internal errors
-    (an AssertionError from deep in torch). 'cpu' is answered without importing torch."""
-    if device == "cpu":
-        return None
-    import torch
-
-    try:
-        d = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        return f"unknown device {device!r} (cpu or cuda)"
-    if d.type == "cpu":
-        return None
-    if d.type != "cuda":
-        return f"device {device!r} is not supported (cpu or cuda)"
-    if torch.version.cuda is None:
-        return f"this torch ({torch.__version__}) was built without CUDA"
-    n = torch.cuda.device_count()
-    if n == 0:
-        return "no CUDA device is available on this machine"
-    if d.index is not None and d.index >= n:
-        return f"no {device} on this machine (it has {n} CUDA device{'s' if n > 1 else ''})"
-    return None
-
-
 def _build_codec(model, mode: str, settings: dict, micro_batch: int, device: str, arith: str):
     """The model's tile codec (coding.pipeline, imported here with torch and the networks)."""
     from .coding.pipeline import build_tile_codec

@@ -40,8 +40,7 @@ def _stub_api(lossy: bool = False):
         return {"steps": 8, **settings}
 
     api = types.SimpleNamespace(compress_arrays=compress_arrays, decompress_arrays=decompress,
-                                evaluate_images=evaluate_images, coding_settings=coding_settings,
-                                device_problem=lambda device: None)
+                                evaluate_images=evaluate_images, coding_settings=coding_settings)
     zoo = types.SimpleNamespace(load_model=lambda name, device: "stub-model")
     return api, zoo
 

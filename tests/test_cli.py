@@ -1550,8 +1550,9 @@ def test_a_device_this_machine_cannot_run_on_is_one_line(tmp_path, model_a, monk
     """--device that this torch cannot run on: click's usage error naming why (exit 2), for every
     command that takes one, before any work; a float32 file that names a device this machine lacks:
     one line (exit 5). Before 0.9.39 both were internal errors (an AssertionError from deep in torch,
-    "please report it"). api.device_problem's cases, with CUDA faked where there is none."""
+    "please report it"). models.device_problem's cases, with CUDA faked where there is none."""
     from scoreflow_codec import container
+    from scoreflow_codec.models import device_problem
 
     img = tmp_path / "a.png"
     Image.fromarray(_smooth_rgb(64, 64)).save(img)
@@ -1582,12 +1583,12 @@ def test_a_device_this_machine_cannot_run_on_is_one_line(tmp_path, model_a, monk
                      EXIT["model"], "cuda.sfc: the file was encoded on cuda in float32 arithmetic", cuda_words)
         assert not (tmp_path / "y.png").exists()
 
-    assert api.device_problem("cpu") is None and api.device_problem("cpu:0") is None
+    assert device_problem("cpu") is None and device_problem("cpu:0") is None
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert api.device_problem("cuda") == f"this torch ({torch.__version__}) was built without CUDA"
+    assert device_problem("cuda") == f"this torch ({torch.__version__}) was built without CUDA"
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert api.device_problem("cuda") == "no CUDA device is available on this machine"
+    assert device_problem("cuda") == "no CUDA device is available on this machine"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert api.device_problem("cuda") is None and api.device_problem("cuda:1") is None
-    assert api.device_problem("cuda:2") == "no cuda:2 on this machine (it has 2 CUDA devices)"
+    assert device_problem("cuda") is None and device_problem("cuda:1") is None
+    assert device_problem("cuda:2") == "no cuda:2 on this machine (it has 2 CUDA devices)"

@@ -99,7 +99,7 @@ def train(out, device, threads, no_progress, no_flip, no_importance, no_bf16, fr
     """Train (or resume) a run."""
     import torch
 
-    from scoreflow_codec.api import device_problem
+    from scoreflow_codec.models import device_problem  # not api: the device machine has no constriction
 
     from .train import train as run
 

@@ -1,4 +1,4 @@
-"""The networks (unet, precond, exact, gaussian, presets) and how fast they run where."""
+"""The networks (unet, precond, exact, gaussian, presets), how fast they run where, and where they can run."""
 from __future__ import annotations
 
 import torch
@@ -15,6 +15,32 @@ def bf16_is_fast(dev: torch.device | str) -> bool:
         return True
     caps = torch.cpu.get_capabilities() if dev.type == "cpu" else {}
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def device_problem(device: str) -> str | None:
+    """Why this machine's torch cannot run on `device` (one line), None where it can: an unknown name,
+    a device other than the CPU and CUDA (the codec's two), CUDA in a torch built without it or with
+    no GPU present, a CUDA index past the last GPU. Before 0.9.39 those stopped as internal errors
+    (an AssertionError from deep in torch). Here, not in api, so that the trainer asks it on a device
+    machine without constriction (which api's coders import)."""
+    if device == "cpu":
+        return None
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return f"unknown device {device!r} (cpu or cuda)"
+    if d.type == "cpu":
+        return None
+    if d.type != "cuda":
+        return f"device {device!r} is not supported (cpu or cuda)"
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) was built without CUDA"
+    n = torch.cuda.device_count()
+    if n == 0:
+        return "no CUDA device is available on this machine"
+    if d.index is not None and d.index >= n:
+        return f"no {device} on this machine (it has {n} CUDA device{'s' if n > 1 else ''})"
+    return None
 
 
 class Bf16(torch.nn.Module):
