@@ -22,8 +22,8 @@ $OUT/figures.tar: the device returns 8 files at most, and a step that runs out o
 ones before it intact. The steps:
 
 * eval-NAME-K: `sfcodec eval test-K.npz --model NAME --device DEV --batch 300 --json` (a part's images
-  in one batch and one ODE solve: alone, a CIFAR-10 image is a solve of about a thousand network
-  calls of batch 1, which a GPU runs no faster than a CPU core) for each model and each of
+  in one batch and one ODE solve: by default each CIFAR-10 image is an ODE solve of batch 1, one
+  after another) for each model and each of
   --parts parts of the images (part by part, every model on a part before the next: a step cut
   short loses one part, and what came back is paired), all with the same seed, so the draws
   (dequantization, time samples, probes) are the same for every model and the per-image

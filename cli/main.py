@@ -947,8 +947,8 @@ def _verify_files(inputs: list[Path], name: Path | None, o: dict, quiet: bool):
               help="Hutchinson probes per tile for the ODE NLL: its noise falls as 1/sqrt(probes), "
                    "each probe adding one backward pass per solver step.")
 @click.option("--batch", "pool", type=click.IntRange(min=1), default=None,
-              help="Evaluate the tiles of all the images together, this many at a time (one ODE solve each): "
-                   "far faster on a GPU for small images. The draws then fall differently from the default's "
+              help="Evaluate the tiles of all the images together, this many at a time (one ODE solve each), "
+                   "for many small images on a GPU. The draws then fall differently from the default's "
                    "(each image's tiles alone).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @TILE_OPTION

@@ -1239,8 +1239,8 @@ def evaluate_images(arrays: list[np.ndarray], model, device: str = "cpu", ode: b
     probes: Hutchinson probes per tile for the ODE's divergence (its noise falls as 1/sqrt).
     By default each image's tiles go through the network alone, `batch` 32x32 tiles' worth at a
     time; pool (0.9.39): the tiles of all the images together, that many a batch (and one ODE solve
-    per batch), which a GPU needs for small images: a CIFAR-10 image is one tile, one solve of about
-    a thousand network calls of batch 1. The draws then fall differently over the images (as do the
+    per batch), for many small images on a GPU: a CIFAR-10 image is one tile, so by default each is an
+    ODE solve of batch 1, one after another. The draws then fall differently over the images (as do the
     ODE's steps, shared within a solve), so the numbers differ from the default's by that noise."""
     import torch
 
