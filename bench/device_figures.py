@@ -17,9 +17,9 @@ working tree, the zoo's models with it, and a model file from elsewhere (a new e
 --stream-images of them), kodak/ (the first --kodak Kodak images), models/ (files not in the zoo),
 wheels/, plan.json (the steps, each with its command) and run.sh.
 `run` (run.sh calls it on the device) takes the steps in order, each in a process of its own with the
-time left but what the steps after it reserve (RESERVE_S), and after each packs all it wrote into
-$OUT/figures.tar: the device returns 8 files at most, and a step that runs out of time leaves the
-ones before it intact. The steps:
+time left but what the steps after it reserve (RESERVE_S), writing into a temporary folder, and after
+each packs all of it into $OUT/figures.tar, the one file in $OUT: the device returns 8 files at most,
+and a step that runs out of time leaves the ones before it intact. The steps:
 
 * eval-NAME-K: `sfcodec eval test-K.npz --model NAME --device DEV --batch 300 --json` (a part's images
   in one batch and one ODE solve: by default each CIFAR-10 image is an ODE solve of batch 1, one
@@ -47,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -191,8 +192,10 @@ def run(plan_path: str, out: str) -> int:
     OUT/figures.tar. Exit 0 where every step ran to its end."""
     plan = json.loads(Path(plan_path).read_text())
     out_dir = Path(out)
-    work = out_dir / "figures"
-    work.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the steps write outside OUT: the device returns 8 files at most, and the tar must be one of them
+    work = Path(tempfile.mkdtemp(prefix="sfc-figures-")) / "figures"
+    work.mkdir()
     shutil.copy2(plan_path, work / "plan.json")
     log = open(work / "log.txt", "a")
     start, failed = time.monotonic(), 0
@@ -237,6 +240,7 @@ def run(plan_path: str, out: str) -> int:
     say(f"all steps in {time.monotonic() - start:.1f} s, {failed} failed")
     log.close()
     _pack(work, out_dir)
+    shutil.rmtree(work.parent, ignore_errors=True)
     return 1 if failed else 0
 
 

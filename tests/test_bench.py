@@ -598,7 +598,7 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     out = tmp_path / "out"
     assert df.main(["run", str(folder / "plan.json"), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["figures", "figures.tar"]
+    assert [p.name for p in out.iterdir()] == ["figures.tar"]  # one file of the device's 8
     text = df.show(str(out))
     lines = text.splitlines()
     assert lines[0].startswith("cifar10-12 (3e614114), 3 images (parts [0, 1]): bound_bpd ")
