@@ -113,7 +113,7 @@ def cooled(cfg: TrainConfig, lr: float, elapsed_s: float) -> float:
 
 @torch.no_grad()
 def evaluate(model: ScoreModel, dequant: nn.Module, x: torch.Tensor, n_t: int, seed: int) -> dict:
-    gen = torch.Generator(device=x.device).manual_seed(seed)
+    gen = likelihood.seeded(seed, x.device)
     vals: dict[str, list] = {}
     for s in range(0, x.shape[0], 64):
         terms = likelihood.bound_terms(model, x[s:s + 64], dequant, n_t=n_t, generator=gen)
