@@ -544,6 +544,43 @@ def test_a_step_with_a_non_finite_loss_or_gradient_changes_nothing(fused):
     assert float(opt.state[w]["step"]) == 2 and (w.detach() < kept[0]).all()
 
 
+def _guarded_rank(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from trainer.train import guarded_step
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        steps = []
+        for fused in (True, False):
+            w = torch.nn.Parameter(torch.ones(3))
+            opt = torch.optim.Adam([w], lr=0.1, fused=fused)
+            # (loss on rank 0, loss on rank 1, the gradients' norm): one rank's loss not finite, its norm
+            # finite (the all-reduced gradients may well be); without clipping (no norm) alike; both fine
+            for losses, gnorm in [((1.0, float("nan")), 2.0), ((float("inf"), 1.0), None), ((1.0, 1.0), 2.0),
+                                  ((float("nan"), 1.0), None), ((1.0, 1.0), None)]:
+                w.grad = torch.ones(3)
+                guarded_step(opt, torch.tensor(losses[rank]), None if gnorm is None else torch.tensor(gnorm), 2)
+                steps.append(int(opt.state[w]["step"]) if w in opt.state else 0)
+            steps.append(w.detach().tolist())
+        Path(out, f"rank{rank}.json").write_text(json.dumps(steps))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_with_several_ranks_a_step_skipped_on_one_is_skipped_on_all(tmp_path):
+    """Each rank's loss is its own: one rank's NaN loss skipped its step alone (0.9.39), the other
+    stepped, and the replicas parted. guarded_step's flag is agreed (all-reduced): both ranks skip the
+    same steps and keep equal weights, fused or not."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_guarded_rank, args=(f"file://{tmp_path / 'init'}", str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert got[0] == got[1]
+    steps = [x for x in got[0] if isinstance(x, int)]
+    assert steps == [0, 0, 1, 1, 2] * 2
+
+
 def test_a_checkpoint_of_an_adam_that_was_not_fused_resumes_fused(cifar_small, tmp_path):
     """Checkpoints before 0.9.38 hold an Adam that was not fused (`fused: None` in its groups). Loading
     one kept that setting, and the first step handed found_inf to the loop implementation, which

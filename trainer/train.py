@@ -264,7 +264,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else torch.tensor(0.0)
-            guarded_step(opt, loss, gnorm if cfg.grad_clip > 0 else None)
+            guarded_step(opt, loss, gnorm if cfg.grad_clip > 0 else None, world)
             step += 1
             images_seen += local_batch * world
             decay = min(cfg.ema, (1 + step) / (10 + step))
@@ -310,15 +310,25 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     return last
 
 
-def guarded_step(opt: torch.optim.Optimizer, loss: torch.Tensor, gnorm: torch.Tensor | None) -> None:
+def guarded_step(opt: torch.optim.Optimizer, loss: torch.Tensor, gnorm: torch.Tensor | None,
+                 world: int = 1) -> None:
     """opt.step(), which changes nothing where the loss or the gradients' norm is not finite.
 
     A fused Adam takes the test on the device: it reads `found_inf` there (as under AMP's GradScaler)
     and then leaves the weights, its moments and its step count as they were. Until 0.9.38 the trainer
     asked `if torch.isfinite(loss)` in Python, which made the CPU wait for the GPU at every step (and a
     non-finite gradient with a finite loss went through). An optimizer that is not fused ignores
-    found_inf, so there the test is made on the host."""
+    found_inf, so there the test is made on the host.
+
+    With several ranks (world > 1) the ranks agree (an all-reduce of the flag, on the device): a step
+    is skipped on every rank if it is on one. Each rank's loss is its own, so until 0.9.40 a rank whose
+    loss was not finite skipped while the others stepped (without clipping, with the NaN gradients
+    DDP had averaged into theirs), and the replicas, which DDP keeps equal only by equal steps, parted."""
     ok = torch.isfinite(loss) if gnorm is None else torch.isfinite(loss) & torch.isfinite(gnorm.to(loss.device))
+    if world > 1:
+        flag = ok.to(torch.int32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        ok = flag[0].bool()
     if opt.defaults.get("fused"):
         opt.found_inf = (~ok).to(torch.float32)
         opt.step()
