@@ -264,12 +264,14 @@ def _agreeing_rank(rank: int, port: int, data: str, out: str) -> None:
     for name in ("_time_is_up", "_rank0_clock"):
         f = getattr(tr, name)
         setattr(tr, name, lambda *a, _f=f, _n=name: calls.append(_n) or _f(*a))
+    worlds, step = set(), tr.guarded_step  # each step's skip agreed by both ranks
+    tr.guarded_step = lambda opt, loss, gnorm, world=1: worlds.add(world) or step(opt, loss, gnorm, world)
     try:
         for steps in (17, 20):  # then resumed at step 17: the first step agrees whatever its number
             tr.train(_cfg(Path(data), steps=steps, batch=4, eval_images=4, eval_n_t=1, max_minutes=30.0,
                           cool_minutes=10.0), Path(out) / "run", device="cpu", progress=False)  # one run, as under torchrun
             calls.append("end")
-        Path(out, f"calls{rank}.json").write_text(json.dumps(calls))
+        Path(out, f"calls{rank}.json").write_text(json.dumps(calls + [sorted(worlds)]))
     finally:
         dist.destroy_process_group()
 
@@ -286,7 +288,7 @@ def test_ddp_ranks_agree_on_the_clock_every_few_steps(cifar_small, tmp_path):
     mp.spawn(_agreeing_rank, args=(29535, str(cifar_small), str(tmp_path)), nprocs=2, join=True)
     for r in (0, 1):
         agreed = ["_time_is_up", "_rank0_clock"]
-        assert json.loads((tmp_path / f"calls{r}.json").read_text()) == agreed * 3 + ["end"] + agreed + ["end"]
+        assert json.loads((tmp_path / f"calls{r}.json").read_text()) == agreed * 3 + ["end"] + agreed + ["end", [2]]
     _, state = ckpt.load_checkpoint(tmp_path / "run" / "checkpoint")
     assert state["step"] == 20
 
