@@ -193,6 +193,9 @@ def _coded_by(rep, seed_tiles: str = "chosen") -> str:
                 f"{e.mean:.3f} bits/dim{sample}, is above this file's (--fallback both codes it anyway)")
     if rep.model_skipped == "saving":
         sv = rep.model_saving
+        if not sv.tiles:
+            return ("seed codec alone; the model's stream was not coded: the model is not expected to be cheaper "
+                    "than the seed codec on any tile (--fallback both codes it anyway)")
         return (f"seed codec alone; the model's stream was not coded: the model is expected to save "
                 f"{sv.bits:.0f} bits on {sv.tiles} tile(s), less than the {sv.needed:.0f} its stream adds "
                 f"(--fallback both codes it anyway)")

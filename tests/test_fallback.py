@@ -162,7 +162,9 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
     assert rep.model_saving.tiles == 0 and rep.model_saving.bits == 0 and rep.model_saving.needed == api.SAVING_MIN_BITS
     assert sum(ticks) == api.compress_work_units(ramp, model, "ode", SETTINGS)  # the bar completes
     assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
-    assert "expected to save 0 bits on 0 tile(s)" in cli_main._coded_by(rep)
+    assert "not expected to be cheaper than the seed codec on any tile" in cli_main._coded_by(rep)
+    rep.model_saving = api.Saving(bits=40.0, tiles=2, needed=1024.0)  # cheaper on some, by too little
+    assert "expected to save 40 bits on 2 tile(s), less than the 1024 its stream adds" in cli_main._coded_by(rep)
     api.check_identical(ramp, api.decompress(data, model))
 
 
