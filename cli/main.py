@@ -199,6 +199,10 @@ def _coded_by(rep, seed_tiles: str = "chosen") -> str:
         return (f"seed codec alone; the model's stream was not coded: the model is expected to save "
                 f"{sv.bits:.0f} bits on {sv.tiles} tile(s), less than the {sv.needed:.0f} its stream adds "
                 f"(--fallback both codes it anyway)")
+    if rep.model_skipped == "small":
+        return (f"seed codec alone; the model's stream was not coded: the seed codec codes the image's colour "
+                f"in {rep.model_saving.upper:.0f} bits, fewer than the {rep.model_saving.needed:.0f} the model's "
+                f"stream adds (--fallback both codes it anyway)")
     if rep.model_skipped in ("sample", "screen"):
         sv = rep.model_saving
         look = "a quick look at" if rep.model_skipped == "screen" else "from"

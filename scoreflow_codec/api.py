@@ -145,7 +145,9 @@ class CompressReport:
     # file), "saving" (fallback "auto", seed tiles in the image's context: the tiles the model is
     # expected to code more cheaply save too little), "sample" (the same, extrapolated from a sample of
     # tiles of a large photograph, sample_saving, even at SAMPLE_Z standard errors above), "screen" (the
-    # same from a quicker look at fewer tiles, screen_saving: photographs, streams), "no colour planes" (only palette index planes,
+    # same from a quicker look at fewer tiles, screen_saving: photographs, streams), "small" (the same
+    # without a look: the seed codec's bits on the colour tiles are fewer than SAVING_MIN_BITS, so
+    # the model could not save that many even at 0 bits a tile), "no colour planes" (only palette index planes,
     # which the seed codec codes either way), "grey" (fallback "auto", every image grey: compress),
     # "seed only" (fallback "seed": not asked for)
     model_skipped: str | None = None
@@ -449,6 +451,13 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         if skipped is None:
             refs = _tile_refs(sources, ss.tile)
             seed_tile_bits = stream.tile_seed_bits(images, refs, ss)
+            if in_context and fallback == "auto":
+                # at most the seed codec's bits on the colour tiles are saved: an icon's do not pay for
+                # the model's stream, and its estimate (a whole tile's network calls) is not run
+                most = float(np.sum(seed_tile_bits[_rgb_of(sources, refs)]))
+                if most < SAVING_MIN_BITS:
+                    saving, skipped = Saving(most, 0, SAVING_MIN_BITS, upper=most), "small"
+        if skipped is None:
             tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
             if fallback != "off":
                 # a grey image's tiles go to the seed codec, as a grey image alone does ("grey" above): no

@@ -152,7 +152,10 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
     assert rep.model_saving.tiles == 4 and rep.model_saving.bits > 2 * rep.model_saving.needed
     assert rep.coded_by == "model" and rep.model_skipped is None and rep.model_estimate is None
     assert data == api.compress(src, model, "ode", SETTINGS, fallback="off")[0]
-    ramp = [images.from_array(_gradient())]
+    # a ramp with a little noise: no tile cheaper through the model, and seed bits enough to pay for its
+    # stream (a clean ramp's are fewer than SAVING_MIN_BITS: "small", the test below)
+    noisy = _gradient() + np.random.default_rng(3).integers(0, 4, _gradient().shape, dtype=np.uint8)
+    ramp = [images.from_array(noisy)]
     ticks = []
     stages.clear()
     data, rep = api.compress(ramp, model, "ode", SETTINGS, fallback=True, progress=ticks.append,  # True: "auto"
@@ -166,6 +169,34 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
     rep.model_saving = api.Saving(bits=40.0, tiles=2, needed=1024.0)  # cheaper on some, by too little
     assert "expected to save 40 bits on 2 tile(s), less than the 1024 its stream adds" in cli_main._coded_by(rep)
     api.check_identical(ramp, api.decompress(data, model))
+
+
+def test_an_icon_whose_seed_bits_cannot_pay_for_the_models_stream_is_not_estimated(model, monkeypatch):
+    """An image the seed codec codes in fewer bits than SAVING_MIN_BITS (an icon, a clean ramp): the model could not save
+    that many even at 0 bits a tile, so its estimate (a tile's network calls: 12 s for a 5x3 image
+    with the shipped cifar10, 0.9.39) is not run ("small"); the file is the one "both" keeps, and
+    the summary says why. Just above the bound the estimate runs as before."""
+    from cli import main as cli_main
+    tiny = [images.from_array(np.ascontiguousarray(_in_distribution(model)[:5, :6]))]
+    real, calls = api.tile_model_bits, []
+    monkeypatch.setattr(api, "tile_model_bits", lambda *a, **k: calls.append(1) or real(*a, **k))
+    data, rep = api.compress(tiny, model, "ode", SETTINGS, fallback="auto")
+    assert calls == []
+    assert rep.coded_by == "seed" and rep.model_skipped == "small" and rep.model_bytes is None
+    seed_bits = 8 * len(api.compress(tiny, model, "ode", SETTINGS, fallback="seed")[0])
+    assert 0 < rep.model_saving.upper < api.SAVING_MIN_BITS < seed_bits  # the file's bits with its header
+    assert data == api.compress(tiny, model, "ode", SETTINGS, fallback="both")[0]
+    said = cli_main._coded_by(rep)
+    assert f"codes the image's colour in {rep.model_saving.upper:.0f} bits, fewer than the 1024" in said
+    api.check_identical(tiny, api.decompress(data, model))
+    ticks = []
+    assert api.compress([images.from_array(_gradient())], model, "ode", SETTINGS, fallback="auto",
+                        progress=ticks.append)[1].model_skipped == "small"
+    assert sum(ticks) == api.compress_work_units([images.from_array(_gradient())], model, "ode", SETTINGS)
+    calls.clear()
+    monkeypatch.setattr(api, "SAVING_MIN_BITS", rep.model_saving.upper - 1)  # just above: estimated
+    assert api.compress(tiny, model, "ode", SETTINGS, fallback="auto")[1].model_skipped == "saving"
+    assert calls == [1]
 
 
 def test_expected_saving_counts_the_cheaper_tiles_and_their_flags():
