@@ -193,6 +193,12 @@ def test_an_icon_whose_seed_bits_cannot_pay_for_the_models_stream_is_not_estimat
     assert api.compress([images.from_array(_gradient())], model, "ode", SETTINGS, fallback="auto",
                         progress=ticks.append)[1].model_skipped == "small"
     assert sum(ticks) == api.compress_work_units([images.from_array(_gradient())], model, "ode", SETTINGS)
+    # beside a grey image (whose tiles the seed codec codes either way) only the colour tiles' bits count
+    grey = images.from_array(np.random.default_rng(1).integers(0, 256, (24, 24), dtype=np.uint8))
+    calls.clear()  # ("both" above coded the model's stream)
+    with_grey = api.compress(tiny + [grey], model, "ode", SETTINGS, fallback="auto")[1]
+    assert with_grey.model_skipped == "small" and with_grey.model_saving.upper == rep.model_saving.upper
+    assert calls == []
     calls.clear()
     monkeypatch.setattr(api, "SAVING_MIN_BITS", rep.model_saving.upper - 1)  # just above: estimated
     assert api.compress(tiny, model, "ode", SETTINGS, fallback="auto")[1].model_skipped == "saving"
