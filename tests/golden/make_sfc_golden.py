@@ -99,6 +99,9 @@ CASES = {
     # 0.9.36: the cifar10 model of 0.9.36, preset small, the first GPU-trained one (0.9.7 - 0.9.35's
     # is cifar10-12 in the zoo now)
     "cifar10-x14": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.40: the cifar10 of 0.9.40 (0.9.36's GPU run continued on a CPU core; 0.9.36 - 0.9.39's is
+    # cifar10-13 in the zoo now)
+    "cifar10-x15": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
