@@ -368,7 +368,8 @@ def test_large_image_bench_follows_the_cli_defaults(tmp_path, capsys):
     assert (r["model"], r["fallback"], r["identical"], r["width"], r["height"]) == ("photo", "auto", True, 80, 72)
     assert r["file_bytes"] == min(b for b in (r["seed_bytes"], r["model_bytes"]) if b is not None)
     assert r["coded_by"] in ("seed", "model") and r["peak_rss_mib"] >= r["peak_rss_mib_encode"] > 0
-    assert (r["model_bytes"] is None) == (r["model_skipped"] in ("saving", "sample", "screen", "small"))  # why, where not coded
+    # why, where not coded
+    assert (r["model_bytes"] is None) == (r["model_skipped"] in ("saving", "sample", "screen", "small"))
     assert large_image(["--image", str(tmp_path / "a.png"), "--size", "80x72", "--threads", "1", "--no-progress",
                         "--model", "cifar10", "--fallback", "off", "--steps", "4"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

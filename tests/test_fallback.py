@@ -172,8 +172,8 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
 
 
 def test_an_icon_whose_seed_bits_cannot_pay_for_the_models_stream_is_not_estimated(model, monkeypatch):
-    """An image the seed codec codes in fewer bits than SAVING_MIN_BITS (an icon, a clean ramp): the model could not save
-    that many even at 0 bits a tile, so its estimate (a tile's network calls: 12 s for a 5x3 image
+    """An image the seed codec codes in fewer bits than SAVING_MIN_BITS (an icon, a clean ramp): the
+    model could not save that many even at 0 bits a tile, so its estimate (a tile's network calls: 12 s for a 5x3 image
     with the shipped cifar10, 0.9.39) is not run ("small"); the file is the one "both" keeps, and
     the summary says why. Just above the bound the estimate runs as before."""
     from cli import main as cli_main
@@ -238,7 +238,7 @@ def test_auto_decides_from_a_sample_of_the_tiles(model):
     e, threshold = rep.model_estimate, 8 * rep.seed_bytes / rep.num_dims + api.FALLBACK_MARGIN_BPD
     assert rep.coded_by == "seed" and rep.model_bytes is None and rep.model_estimate_bpd == e.mean
     assert e.units == 64 < e.total == 72 and e.mean - api.FALLBACK_Z * e.se > threshold
-    assert f"from 64 of 72 tiles" in cli_main._coded_by(rep)
+    assert "from 64 of 72 tiles" in cli_main._coded_by(rep)
     api.check_identical(big, api.decompress(data, model))
 
 
