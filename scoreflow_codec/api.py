@@ -451,10 +451,11 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
         if skipped is None:
             refs = _tile_refs(sources, ss.tile)
             seed_tile_bits = stream.tile_seed_bits(images, refs, ss)
+            rgb = _rgb_of(sources, refs)
             if in_context and fallback == "auto":
                 # at most the seed codec's bits on the colour tiles are saved: an icon's do not pay for
                 # the model's stream, and its estimate (a whole tile's network calls) is not run
-                most = float(np.sum(seed_tile_bits[_rgb_of(sources, refs)]))
+                most = float(np.sum(seed_tile_bits[rgb]))
                 if most < SAVING_MIN_BITS:
                     saving, skipped = Saving(most, 0, SAVING_MIN_BITS, upper=most), "small"
         if skipped is None:
@@ -463,7 +464,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
                 # a grey image's tiles go to the seed codec, as a grey image alone does ("grey" above): no
                 # estimate covers them (NaN), and before 0.9.33 the model coded them and its stream lost
                 # (fallback "off", the model's stream only, still gives them to the model: what measured that)
-                tile_bits[~_rgb_of(sources, refs)] = np.inf
+                tile_bits[~rgb] = np.inf
             if in_context and fallback == "auto":
                 saving = expected_saving(seed_tile_bits, tile_bits)
                 if saving.bits < saving.needed:
