@@ -340,7 +340,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     pr.add_argument("--rtol", type=float, default=1e-5, help="rtol = atol of the ODE (sfcodec eval's)")
     pr.add_argument("--no-ode", action="store_true", help="the bound only")
     pr.add_argument("--eval-batch", type=int, default=300,
-                    help="sfcodec eval --batch: images a batch and an ODE solve (a GPU is launch-bound at batch 1)")
+                    help="sfcodec eval --batch: images a batch and an ODE solve (one solve for many images, not one each)")
     pr.add_argument("--stream-images", type=int, default=32, help="CIFAR-10 images coded as one stream (0: none)")
     pr.add_argument("--kodak", type=int, default=2, help="Kodak images coded with the photo model (0: none)")
     pr.add_argument("--setting", action="append", default=[], help="more bench/run.py --setting KEY=VALUE")
