@@ -195,6 +195,13 @@ def run(plan_path: str, out: str) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     # the steps write outside OUT: the device returns 8 files at most, and the tar must be one of them
     work = Path(tempfile.mkdtemp(prefix="sfc-figures-")) / "figures"
+    try:
+        return _run_steps(plan, plan_path, work, out_dir)
+    finally:  # where something raised too: the temporary folder does not stay on the device's disk
+        shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def _run_steps(plan: dict, plan_path: str, work: Path, out_dir: Path) -> int:
     work.mkdir()
     shutil.copy2(plan_path, work / "plan.json")
     log = open(work / "log.txt", "a")
@@ -231,6 +238,8 @@ def run(plan_path: str, out: str) -> int:
             rc = res.returncode
         except subprocess.TimeoutExpired:
             rc = "timed out"
+        except OSError as e:  # a program the device lacks: this step fails, the later ones still run
+            rc = f"could not start: {e.strerror or e}"
         finally:
             if stdout is not log:
                 stdout.close()
@@ -240,7 +249,6 @@ def run(plan_path: str, out: str) -> int:
     say(f"all steps in {time.monotonic() - start:.1f} s, {failed} failed")
     log.close()
     _pack(work, out_dir)
-    shutil.rmtree(work.parent, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -640,6 +640,19 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     assert "eval-a-1: done in" in text and "cifar: failed (timed out)" in text
     assert "kodak: skipped" in text and "2 failed" in text
 
+    # a step whose program the device lacks fails alone: the steps after it run, the figures come back,
+    # and the temporary folder the steps wrote in is gone
+    monkeypatch.setattr(df.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "work3"))
+    (tmp_path / "work3").mkdir()
+    missing = {"name": "gone", "kind": "eval", "reserve": 0, "cmd": ["sfc-no-such-program"]}
+    (tmp_path / "plan3.json").write_text(json.dumps({"budget_s": 60.0, "device": "cpu", "models": ["a"],
+                                                     "steps": [missing, stand_in("a-0", 3.5)]}))
+    out3 = tmp_path / "out3"
+    assert df.main(["run", str(tmp_path / "plan3.json"), "--out", str(out3)]) == 1
+    text = df.show(str(out3))
+    assert "gone: failed (could not start: " in text and "eval-a-0: done in" in text and "1 failed" in text
+    assert not (tmp_path / "work3").exists()
+
     assert df.main(["prep", "--model", "nope", "--folder", str(folder), "--wheel", "none", "--cifar", str(npz)]) == 2
     assert "--model nope: neither a model of the zoo nor a file" in capsys.readouterr().err
     assert (folder / "plan.json").exists()  # refused before anything was written
