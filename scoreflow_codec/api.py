@@ -440,11 +440,17 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
     elif estimate is not None and estimate.mean > threshold:
         skipped = "estimate"
     elif ss.seed_tiles == "chosen":
-        phase("model estimate")
+        announced = []  # "model estimate" is said as the model's first estimate starts ("small": never)
+
+        def estimating() -> None:
+            if not announced:
+                announced.append(phase("model estimate"))
+
         if in_context and fallback == "auto":  # quick looks first, where they apply: the screen, a sample
             for applies, look, why in ((_screen_first(sources, ss.tile), screen_saving, "screen"),
                                        (_sample_first(sources), sample_saving, "sample")):
                 if applies and skipped is None:
+                    estimating()
                     saving = look(sources, model, ss, device, codec.excess_bits_per_dim())
                     if saving.upper < saving.needed:
                         skipped = why
@@ -459,6 +465,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
                 if most < SAVING_MIN_BITS:
                     saving, skipped = Saving(most, 0, SAVING_MIN_BITS, upper=most), "small"
         if skipped is None:
+            estimating()
             tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
             if fallback != "off":
                 # a grey image's tiles go to the seed codec, as a grey image alone does ("grey" above): no

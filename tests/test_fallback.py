@@ -180,8 +180,9 @@ def test_an_icon_whose_seed_bits_cannot_pay_for_the_models_stream_is_not_estimat
     tiny = [images.from_array(np.ascontiguousarray(_in_distribution(model)[:5, :6]))]
     real, calls = api.tile_model_bits, []
     monkeypatch.setattr(api, "tile_model_bits", lambda *a, **k: calls.append(1) or real(*a, **k))
-    data, rep = api.compress(tiny, model, "ode", SETTINGS, fallback="auto")
-    assert calls == []
+    stages = []
+    data, rep = api.compress(tiny, model, "ode", SETTINGS, fallback="auto", phase=stages.append)
+    assert calls == [] and stages == ["seed codec"]  # no "model estimate" said: none runs
     assert rep.coded_by == "seed" and rep.model_skipped == "small" and rep.model_bytes is None
     seed_bits = 8 * len(api.compress(tiny, model, "ode", SETTINGS, fallback="seed")[0])
     assert 0 < rep.model_saving.upper < api.SAVING_MIN_BITS < seed_bits  # the file's bits with its header
