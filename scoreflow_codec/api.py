@@ -440,11 +440,13 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
     elif estimate is not None and estimate.mean > threshold:
         skipped = "estimate"
     elif ss.seed_tiles == "chosen":
-        announced = []  # "model estimate" is said as the model's first estimate starts ("small": never)
+        announced = False  # "model estimate" is said as the model's first estimate starts ("small": never)
 
         def estimating() -> None:
+            nonlocal announced
             if not announced:
-                announced.append(phase("model estimate"))
+                phase("model estimate")
+                announced = True
 
         if in_context and fallback == "auto":  # quick looks first, where they apply: the screen, a sample
             for applies, look, why in ((_screen_first(sources, ss.tile), screen_saving, "screen"),
