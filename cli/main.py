@@ -796,7 +796,9 @@ def _show_info(input: Path, data: bytes, h: dict) -> None:
     click.echo(f"format:    .sfc v{version}, written by {h.get('codec', '?')}")
     if "model" in h:
         made, now = h["model"].get("name", "?"), zoo.shipped_name(h["model"]["sha256"])
-        where = ("not shipped with this installation" if now is None else
+        gone = zoo.retired_name(h["model"]["sha256"]) if now is None else None
+        where = (f"retired as {gone}: {zoo.retired_advice(gone, zoo.retired_models()[gone])}" if gone else
+                 "not shipped with this installation" if now is None else
                  "shipped" if now == made else f"shipped, now named {now}")
         unused = "" if api.needs_model(h) else "; not needed to decode: every tile is in the seed codec"
         click.echo(f"model:     {made} (sha256 {h['model']['sha256']}; {where}{unused})")
@@ -1005,6 +1007,11 @@ def models():
         name = e["name"] + (" *" if e["default"] else "")
         steps = e.get("chain_steps") or ChainSettings().steps
         click.echo(f"{name:{width}s} {e.get('tile', 32):4d} {steps:5d}  {e.get('description', '')}")
+    retired = zoo.retired_models()
+    if retired:
+        releases = sorted({e["release"] for e in retired.values()})
+        click.echo(f"retired: {', '.join(retired)} (last shipped in {', '.join(releases)}; `sfcodec info FILE` "
+                   "says how to decode a file made with one)")
     if entries:
         click.echo("* the default model. tile: the tile size; steps: the chain mode's steps (--steps overrides). "
                    "--model auto takes cifar10 for images up to 64x64 and photo for larger ones.")

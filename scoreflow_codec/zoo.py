@@ -1,7 +1,7 @@
 """Shipped models by name: `zoo/index.json` maps names to packaged model files with their sha256.
 
 index.json = {"models": {name: {"file", "sha256", "description", "image_size", "tile"?, "chain_steps"?}},
-"default": name | null};
+"default": name | null, "retired"?: {name: {"sha256", "file", "description", "release", "commit"}}};
 "file" is NAME.safetensors, or NAME.safetensors.xz (xz-compressed; "sha256" is of the file it holds)
 for the models kept so that old files decode;
 "tile" (optional; default: the model file's own "codec" default, else 32) is the tile size the codec
@@ -10,6 +10,12 @@ ChainSettings' 128) the chain mode's steps with it unless told otherwise
 (a file's header records the steps it was coded with, so changing them never changes an old file).
 A model given by path takes these defaults too where its bytes are a shipped model's (same sha256):
 the defaults follow the model, not the way it was named.
+
+"retired" lists the kept models the package no longer carries (`python -m trainer retire`: every
+tracked byte travels with a GPU training chunk, whose carry is capped): "release" is the last release
+that shipped the model and "commit" the commit of this project's history that has its file, so that a
+file made with it gets one error saying how to decode it (that release, or --model with the file
+taken from that commit), never "unknown model".
 """
 from __future__ import annotations
 
@@ -77,6 +83,8 @@ def load_model(name_or_path: str | os.PathLike | None = None, device: str = "cpu
             raise ModelError(f"{name}: a training run, not a model file: export its model first "
                              f"(python -m trainer export {name} -o model.safetensors)")
         raise ModelError(f"{name}: a folder, not a model file")
+    if name not in index["models"] and name in index.get("retired", {}):
+        raise ModelError(f"model {name!r} no longer ships with the package: {retired_advice(name, index['retired'][name])}")
     if name not in index["models"]:
         names = ", ".join(index["models"]) or "none"
         raise ModelError(f"unknown model {name!r}: not a file, and not a shipped model (shipped: {names})")
@@ -124,11 +132,38 @@ def shipped_name(sha256: str | None) -> str | None:
     return None
 
 
+def retired_models() -> dict:
+    """{name: entry} of the models the package shipped once and no longer carries (`trainer retire`)."""
+    return read_index().get("retired", {})
+
+
+def retired_name(sha256: str | None) -> str | None:
+    """The name of the retired model with this sha256 (one the package shipped once), or None."""
+    for name, entry in retired_models().items():
+        if entry.get("sha256") == sha256:
+            return name
+    return None
+
+
+def retired_advice(name: str, entry: dict) -> str:
+    """How to decode a file made with the retired model `name`: its last release, or its file from
+    the commit that has it, given with --model."""
+    path = entry.get("path") or f"scoreflow_codec/zoo/{entry['file']}"
+    return (f"it was retired after release {entry['release']}; decode with scoreflow-codec {entry['release']}, or take "
+            f"its file from that release's commit (git show {entry['commit']}:{path} > {entry['file']}) and pass "
+            f"--model {entry['file']}")
+
+
 def model_for_header(header: dict, device: str = "cpu") -> LoadedModel:
     """The shipped model a .sfc file was made with, found by the sha256 in its header."""
     want = header.get("model", {})
     name = shipped_name(want.get("sha256"))
     if name is not None:
         return load_model(name, device)
+    gone = retired_name(want.get("sha256"))
+    if gone is not None:
+        raise ModelError(f"the file was made with model {want.get('name', '?')} (sha256 {str(want.get('sha256'))[:12]}..., "
+                         f"zoo name {gone}), which this installation no longer ships: "
+                         f"{retired_advice(gone, retired_models()[gone])}")
     raise ModelError(f"the file was made with model {want.get('name', '?')} (sha256 {str(want.get('sha256'))[:12]}...), "
                      "which does not ship with this installation; pass --model PATH to that model file")

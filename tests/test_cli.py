@@ -1023,7 +1023,7 @@ def test_verify_plain(image, model_a):
 
 def test_models_lists_each_shipped_model_with_its_coding_defaults():
     """`sfcodec models`: one line per zoo entry with its tile size and chain steps (the entry's own,
-    else the chain codec's default), the default model starred."""
+    else the chain codec's default), the default model starred; then one line on the retired ones."""
     from scoreflow_codec import zoo
     from scoreflow_codec.coding.chain_codec import ChainSettings
 
@@ -1032,7 +1032,9 @@ def test_models_lists_each_shipped_model_with_its_coding_defaults():
     lines = r.output.splitlines()
     assert lines[0].split() == ["name", "tile", "steps", "description"]
     index = zoo.read_index()
-    assert len(lines) == len(index["models"]) + 2 and lines[-1].startswith("* the default model")
+    assert len(lines) == len(index["models"]) + 3 and lines[-1].startswith("* the default model")
+    assert lines[-2].startswith(f"retired: {', '.join(zoo.retired_models())} (last shipped in 0.9.42") and \
+        "cifar10-1, cifar10-2, cifar10-3, photo-1, photo-2" in lines[-2], lines[-2]
     for line, (name, entry) in zip(lines[1:], index["models"].items()):
         star = ["*"] if name == index["default"] else []
         tile, steps = entry.get("tile", 32), entry.get("chain_steps") or ChainSettings().steps

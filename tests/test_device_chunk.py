@@ -256,3 +256,22 @@ def test_unpack_refuses_an_incomplete_return(tmp_path):
     with pytest.raises(FileNotFoundError, match="shards missing"):
         device.unpack(tmp_path / "r", tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_the_package_leaves_a_chunk_room_for_all_cifar10_training_images(shared_data):
+    """Every tracked byte travels with a GPU chunk (64 MiB in all): a chunk that continues the shipped
+    cifar10 model must still carry the whole CIFAR-10 training set. A ship that breaks this must
+    retire the oldest kept models first (python -m trainer retire NAME ..., docs/TRAINING.md)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        room = device.training_room(repo, str(shared_data / "cifar10" / "train.npz"),
+                                     str(shared_data / "cifar10" / "test.npz"))
+    except ValueError as e:
+        if "not a git checkout" in str(e):
+            pytest.skip(f"an installed copy, not a checkout: {e}")
+        raise
+    sizes = device.travel_size(repo, repo / "none")
+    assert room["train_images"] == room["train_images_all"] == 5085, (
+        f"a GPU chunk would carry {room['train_images']} of {room['train_images_all']} CIFAR-10 training images: "
+        f"the tracked files take {sizes['tracked'] / 2**20:.1f} MiB, untracked {sizes['untracked'] / 2**20:.1f}; "
+        "retire the oldest kept models (python -m trainer retire NAME ...)")

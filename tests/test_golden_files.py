@@ -9,6 +9,11 @@ means users' files no longer decode; fix the code, never the golden file. Files 
 arithmetic (photo-1, photo-2, cifar10-1: every file before 0.2) decode only where the kernels are
 the same as the encoder's; elsewhere (this project's CI machines among them) the decoder must
 refuse them cleanly, never return other pixels.
+
+Since 0.9.43 the package no longer carries the five models with float32 weights (cifar10-1 to -3,
+photo-1 and -2: `trainer retire`, to leave a GPU chunk room for its training images). Their files
+(the three float32 ones, cifar10-x1 to -x4, photo-x1) must get one error naming the release and the
+commit that have the model, and must decode with the model file taken from that commit.
 """
 import importlib.util
 import re
@@ -19,7 +24,7 @@ import pytest
 from PIL import Image
 
 from scoreflow_codec import api, container, images, zoo
-from scoreflow_codec.errors import BadFileError, DecodeMismatchError
+from scoreflow_codec.errors import BadFileError, DecodeMismatchError, ModelError
 
 GOLDEN = Path(__file__).parent / "golden"
 FILES = sorted(GOLDEN.glob("*.sfc"))
@@ -56,10 +61,12 @@ def test_golden_files_exist():
     assert h6["codec"] == "0.6.0" and "model" not in h6 and "setup" not in h6
     # the cifar10 models of the zoo, each with a file: cifar10-1 (files up to 0.4.0), cifar10-2 (0.5.0),
     # cifar10-3 (0.6.0), ..., and today's cifar10; `trainer ship` renames, never drops, a model
+    # (or retired: `trainer retire` moves the index entry, never drops it)
     names = [m["name"] for m in zoo.list_models() if re.fullmatch(r"cifar10(-\d+)?", m["name"])]
     assert len(names) >= 8 and "cifar10" in names
+    retired = {e["sha256"] for n, e in zoo.retired_models().items() if n.startswith("cifar10")}
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
-    assert shas == {zoo.load_model(n).sha256 for n in names}
+    assert shas == {zoo.load_model(n).sha256 for n in names} | retired and len(retired) == 3
     # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from
     # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept, 6 from
     # 0.9.28 where there are 16-bit images; the same image as seed-h6 (0.6.0), seed-f2's file is 26
@@ -138,15 +145,71 @@ def _same(decoded, path: Path) -> None:
         assert src.metadata == images.load_image(GOLDEN / f"{path.stem}-{k}.png").metadata, f"{path.stem}-{k}.png"
 
 
-@pytest.mark.parametrize("path", [p for p in FILES if _arith(p) == "exact64"], ids=lambda p: p.stem)
+def _retired(path: Path) -> bool:
+    header = api.read_header(path.read_bytes())
+    return not path.stem.startswith("seed-") and zoo.retired_name(header["model"]["sha256"]) is not None
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _arith(p) == "exact64" and not _retired(p)], ids=lambda p: p.stem)
 def test_exact_golden_file_decodes_to_its_pngs(path):
     _same(_decode(path), path)
 
 
+@pytest.mark.parametrize("path", [p for p in FILES if _retired(p)], ids=lambda p: p.stem)
+def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path):
+    """One error (exit 5, no output written) naming the last release that shipped the model and the
+    commit with its file; `sfcodec info` says the same."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    header = api.read_header(path.read_bytes())
+    name = zoo.retired_name(header["model"]["sha256"])
+    entry = zoo.retired_models()[name]
+    assert entry["release"] == "0.9.42" and re.fullmatch(r"[0-9a-f]{12}", entry["commit"])
+    with pytest.raises(ModelError) as e:
+        zoo.model_for_header(header)
+    msg = str(e.value)
+    assert "\n" not in msg and f"zoo name {name}" in msg and "scoreflow-codec 0.9.42" in msg, msg
+    assert f"git show {entry['commit']}:scoreflow_codec/zoo/{name}.safetensors.xz" in msg, msg
+    out = path.parent / "never-written.png"
+    r = CliRunner().invoke(cli, ["decompress", str(path), "-o", str(out)])
+    assert r.exit_code == ModelError.exit_code and "Traceback" not in r.output and not out.exists(), r.output
+    info = CliRunner().invoke(cli, ["info", str(path)]).output
+    assert f"retired as {name}" in info and entry["commit"] in info, info
+    with pytest.raises(ModelError, match="no longer ships with the package.*0.9.42"):
+        zoo.load_model(name)
+
+
+def _model_from_its_commit(path: Path, into: Path):
+    """The retired model of a golden file, from the commit its index entry names (what the error
+    tells users to do); skips where this is no git checkout with that commit (an installed copy)."""
+    import subprocess
+
+    from scoreflow_codec.modelfile import load_model_file
+
+    header = api.read_header(path.read_bytes())
+    entry = zoo.retired_models()[zoo.retired_name(header["model"]["sha256"])]
+    blob = subprocess.run(["git", "-C", str(GOLDEN), "show", f"{entry['commit']}:{entry['path']}"], capture_output=True)
+    if blob.returncode != 0:
+        pytest.skip(f"not a git checkout with commit {entry['commit']} (an installed copy): {blob.stderr[:100]!r}")
+    (into / entry["file"]).write_bytes(blob.stdout)
+    model = load_model_file(into / entry["file"])
+    assert model.sha256 == entry["sha256"] == header["model"]["sha256"]
+    return model
+
+
+def test_a_retired_models_file_decodes_with_the_file_from_its_commit(tmp_path):
+    """The way the error gives: the model file from the commit it names, passed as --model."""
+    path = GOLDEN / "cifar10-x3.sfc"  # 0.5.0's file, exact arithmetic, model cifar10-2
+    _same(api.decompress(path.read_bytes(), _model_from_its_commit(path, tmp_path)), path)
+
+
 @pytest.mark.parametrize("path", [p for p in FILES if _arith(p) == "float32"], ids=lambda p: p.stem)
-def test_float32_golden_file_decodes_or_is_refused(path):
+def test_float32_golden_file_decodes_or_is_refused(path, tmp_path):
+    """(Their models are all retired: each comes from the commit that has it.)"""
     try:
-        decoded = _decode(path)
+        decoded = api.decompress(path.read_bytes(), _model_from_its_commit(path, tmp_path))
     except (BadFileError, DecodeMismatchError) as e:
         msg = str(e)
         assert "\n" not in msg and "reproduce the encoder's arithmetic" in msg, msg
@@ -155,14 +218,14 @@ def test_float32_golden_file_decodes_or_is_refused(path):
 
 
 def test_info_names_the_zoo_entry_a_renamed_model_has_now():
-    """photo-1.sfc says "photo" in its header; the zoo has since given that name to a newer model.
+    """photo-x2.sfc says "photo" in its header; the zoo has since given that name to a newer model.
     `sfcodec info` must say which shipped model the file needs, not send the user to the new one."""
     from click.testing import CliRunner
 
     from cli.main import cli
 
-    header = api.read_header((GOLDEN / "photo-1.sfc").read_bytes())
-    assert header["model"]["name"] == "photo" and zoo.shipped_name(header["model"]["sha256"]) == "photo-1"
-    assert zoo.shipped_name("0" * 64) is None
-    out = CliRunner().invoke(cli, ["info", str(GOLDEN / "photo-1.sfc")]).output
-    assert "shipped, now named photo-1" in out, out
+    header = api.read_header((GOLDEN / "photo-x2.sfc").read_bytes())
+    assert header["model"]["name"] == "photo" and zoo.shipped_name(header["model"]["sha256"]) == "photo-3"
+    assert zoo.shipped_name("0" * 64) is None and zoo.retired_name("0" * 64) is None
+    out = CliRunner().invoke(cli, ["info", str(GOLDEN / "photo-x2.sfc")]).output
+    assert "shipped, now named photo-3" in out, out

@@ -162,3 +162,75 @@ def test_refused_ships_change_nothing(zoo_dir, tmp_path, case, words):
     assert r.stderr.startswith("trainer: error:") and words in r.stderr, r.stderr
     assert "Traceback" not in r.output
     assert {p.name: p.read_bytes() for p in zoo_dir.iterdir()} == before
+
+
+def _commit(repo):
+    """The zoo folder as a git repository with everything in it committed; returns the commit."""
+    import subprocess
+
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    if not (repo / ".git").exists():
+        subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "zoo"], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _retire(*args):
+    return CliRunner().invoke(main, ["retire", *map(str, args)])
+
+
+def test_retire_takes_a_kept_model_out_and_its_files_get_the_way_back(zoo_dir, tmp_path):
+    """The files go, the entry moves to "retired" with the release and commit; loading it by name or
+    by a file's sha256 is one error naming both, and the commit has the very file."""
+    import subprocess
+
+    (zoo_dir / "toy-1_curve.png").write_bytes(b"curve")
+    commit = _commit(zoo_dir)
+    sha = json.loads((zoo_dir / "index.json").read_text())["models"]["toy-1"]["sha256"]
+    old = (zoo_dir / "toy-1.safetensors").read_bytes()
+    r = _retire("toy-1", "--release", "1.2.3", "--zoo", zoo_dir)
+    assert r.exit_code == 0, r.output
+    assert "retired toy-1" in r.output and commit[:12] in r.output and "1.2.3" in r.output
+    assert not any((zoo_dir / f).exists() for f in ("toy-1.safetensors", "toy-1.md", "toy-1_curve.png"))
+    index = json.loads((zoo_dir / "index.json").read_text())
+    assert "toy-1" not in index["models"] and index["default"] == "toy" and "toy" in index["models"]
+    assert index["retired"] == {"toy-1": {"sha256": sha, "file": "toy-1.safetensors", "path": "toy-1.safetensors",
+                                          "description": "older", "release": "1.2.3", "commit": commit[:12]}}
+    assert zoo.retired_name(sha) == "toy-1" and zoo.shipped_name(sha) is None
+    with pytest.raises(zoo.ModelError, match="'toy-1' no longer ships with the package: it was retired after release 1.2.3"):
+        zoo.load_model("toy-1")
+    with pytest.raises(zoo.ModelError) as e:
+        zoo.model_for_header({"model": {"name": "toy", "sha256": sha}})
+    assert f"git show {commit[:12]}:toy-1.safetensors > toy-1.safetensors" in str(e.value), e.value
+    assert "--model toy-1.safetensors" in str(e.value) and "scoreflow-codec 1.2.3" in str(e.value)
+    blob = subprocess.run(["git", "-C", str(zoo_dir), "show", f"{commit[:12]}:toy-1.safetensors"], capture_output=True)
+    assert blob.stdout == old and hashlib.sha256(old).hexdigest() == sha
+    # the name stays taken: a later ship cannot give it to another model
+    new = _model(tmp_path / "new.safetensors", 2)
+    r = _ship(new, "--as", "toy", "--keep-as", "toy-1", "--description", "d", "--zoo", zoo_dir)
+    assert r.exit_code == 2 and "is taken" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("case, words", [
+    ("not a checkout", "not in a git checkout"),
+    ("the default", "a name the codec picks by itself"),
+    ("an auto name", "a name the codec picks by itself"),
+    ("not in the zoo", "is not in the zoo"),
+    ("changed since the commit", "is not in commit"),
+])
+def test_refused_retires_change_nothing(zoo_dir, case, words):
+    if case != "not a checkout":
+        _commit(zoo_dir)
+    if case == "changed since the commit":
+        (zoo_dir / "toy-1.safetensors").write_bytes((zoo_dir / "toy-1.safetensors").read_bytes() + b" ")
+    if case == "an auto name":
+        index = json.loads((zoo_dir / "index.json").read_text())
+        index["models"]["photo"] = index["models"]["toy-1"]
+        (zoo_dir / "index.json").write_text(json.dumps(index))
+    name = {"the default": "toy", "an auto name": "photo", "not in the zoo": "nope"}.get(case, "toy-1")
+    before = {p.name: p.read_bytes() for p in zoo_dir.iterdir() if p.is_file()}
+    r = _retire(name, "--zoo", zoo_dir)
+    assert r.exit_code == 2 and r.stderr.startswith("trainer: error:") and words in r.stderr, r.output
+    assert "Traceback" not in r.output
+    assert {p.name: p.read_bytes() for p in zoo_dir.iterdir() if p.is_file()} == before

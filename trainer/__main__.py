@@ -7,6 +7,7 @@
   torchrun --nproc_per_node 4 -m trainer train --preset base ...  # several GPUs (DDP)
   python -m trainer export runs/tiny -o tiny.safetensors
   python -m trainer ship tiny.safetensors --as tiny --description "..."  # into the package's zoo
+  python -m trainer retire cifar10-1 photo-1       # kept models out of the package (room)
   python -m trainer device-prep --data ... --eval-data ... --run runs/x  # a chunk on a lent GPU
   sfcodec compress img.png -o img.sfc --model tiny.safetensors
 """
@@ -190,6 +191,26 @@ def ship(model_file, zoo_dir, **kw):
     click.echo(f"shipped {model_file} as {s.name} (sha256 {s.sha256}){kept}")
     if s.card_from_old:
         click.echo(f"{s.name}.md is the previous card's text: put the new model's numbers in it", err=True)
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--commit", default="HEAD", show_default=True,
+              help="The commit whose files old files' errors point to (it must hold each file as it is).")
+@click.option("--release", default=None, help="The last release that shipped them (default: this one).")
+@click.option("--zoo", "zoo_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="The zoo folder (default: the package's, scoreflow_codec/zoo).")
+def retire(names, commit, release, zoo_dir):
+    """Take kept models out of the zoo: files made with them then get one error naming the release
+    and commit that have them (to make room: every tracked byte travels with a GPU chunk)."""
+    from scoreflow_codec.zoo import ZOO_DIR
+
+    from .ship import retire as do_retire
+
+    with _input_errors():
+        r = do_retire(list(names), zoo_dir or ZOO_DIR, commit=commit, release=release)
+    click.echo(f"retired {', '.join(r.names)} ({r.freed / 2**20:.1f} MiB of files removed); their files stay "
+               f"in commit {r.commit}, the last release that shipped them is {r.release}")
 
 
 @main.command("device-prep")

@@ -219,20 +219,7 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
                              f"{PART_BYTES / 2**20:g} MiB) with a log each and gpu.txt are over what a device call "
                              f"returns: {RETURN_FILES} files, {RETURN_BYTES >> 20} MiB in all")
 
-    # the data: held-out images first, then the training images in the room that is left
-    train_images = load_images(data)
-    if eval_data:
-        held = load_images(eval_data)
-    else:
-        held, train_images = hold_out(train_images, holdout)
-    _write_folder(held[:eval_images], dd / "test")
-    room = limit - travel_size(repo, dd)["total"] - (1 << 20)
-    if room <= 0:
-        raise ValueError(f"no room is left for the training images: the tracked files and the state "
-                         f"already take {(limit - room) / 2**20:.1f} MiB of {limit / 2**20:.0f}")
-    n_train = _write_folder(train_images, dd / "train", room, data_seed)
-    if n_train == 0:
-        raise ValueError("not one training image fits in the room the 64 MiB leave")
+    counts = _write_data(repo, dd, data, eval_data, eval_images, holdout, limit, data_seed)
 
     cool = f" --cool-minutes {cool_minutes:g}" if cool_minutes else ""
     cmds = {j.name: (f"python3 -m trainer train --out {FOLDER}/{j.name} --data {FOLDER}/train "
@@ -267,9 +254,41 @@ def prepare(repo: str | Path, data: str, eval_data: str | None = None, run: str 
     script = "\n".join(head + body + ["exit $rc", ""])
     (dd / "chunk.sh").write_text(script)
     sizes = travel_size(repo, dd)
-    sizes.update(limit=limit, command=f"bash {FOLDER}/chunk.sh", train_command="\n".join(cmds.values()),
-                 train_images=n_train, train_images_all=len(train_images), eval_images=len(held[:eval_images]))
+    sizes.update(limit=limit, command=f"bash {FOLDER}/chunk.sh", train_command="\n".join(cmds.values()), **counts)
     return sizes
+
+
+def _write_data(repo: Path, dd: Path, data: str, eval_data: str | None, eval_images: int, holdout: int, limit: int,
+                data_seed: int) -> dict[str, int]:
+    """The held-out images into dd/test, then the training images into dd/train in the room that is
+    left of `limit` after the repository's files and everything already in dd (the state)."""
+    train_images = load_images(data)
+    if eval_data:
+        held = load_images(eval_data)
+    else:
+        held, train_images = hold_out(train_images, holdout)
+    _write_folder(held[:eval_images], dd / "test")
+    room = limit - travel_size(repo, dd)["total"] - (1 << 20)
+    if room <= 0:
+        raise ValueError(f"no room is left for the training images: the tracked files and the state "
+                         f"already take {(limit - room) / 2**20:.1f} MiB of {limit / 2**20:.0f}")
+    n_train = _write_folder(train_images, dd / "train", room, data_seed)
+    if n_train == 0:
+        raise ValueError("not one training image fits in the room the 64 MiB leave")
+    return {"train_images": n_train, "train_images_all": len(train_images), "eval_images": len(held[:eval_images])}
+
+
+def training_room(repo: str | Path, data: str, eval_data: str | None = None, eval_images: int = 128,
+                  limit: int = TRAVEL_LIMIT) -> dict[str, int]:
+    """How many of `data`'s training images a chunk that starts from a shipped model (a tracked file:
+    nothing but the data is carried) would take along, written to a temporary folder, the
+    repository's .device_data untouched. What each `trainer ship` must keep whole for CIFAR-10
+    (tests/test_device_chunk.py): else retire kept models first (`trainer retire`)."""
+
+    repo = Path(repo).resolve()
+    _git_files(repo)  # a checkout, or one clear error
+    with tempfile.TemporaryDirectory() as tmp:
+        return _write_data(repo, Path(tmp), data, eval_data, eval_images, 256, limit, 0)
 
 
 def _unpack_job(returned: Path, job: str | None, into: Path) -> Path:

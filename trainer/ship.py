@@ -7,6 +7,11 @@ the same model and sha256, about 15% smaller), card and curve to the kept name, 
 new opening paragraph, adds its index entry under the kept name, and points the name at the new file
 with its sha256. The index format is `scoreflow_codec.zoo`'s.
 
+`retire` takes kept models out again where the package must shrink (every tracked byte travels
+with a GPU training chunk, 64 MiB in all, the training images included): the index keeps a
+"retired" entry per model naming the last release that shipped it and the commit with its file,
+and files made with it get one error saying how to decode them.
+
 Everything is checked before anything is written (the new file loads as a model and is not
 already shipped, the kept name is free, the old files are there), and index.json is written last,
 in one atomic replace: a refused ship changes nothing.
@@ -95,7 +100,7 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
         raise ValueError("give --description: the index's one line on the model (what it was trained on, how long)")
     src, dst = _files(zoo_dir, name), (_files(zoo_dir, keep_as, kept=True) if keep_as else {})
     if keep_as is not None:
-        if keep_as in models or any(p.exists() for p in [*dst.values(), _files(zoo_dir, keep_as)["model"]]):
+        if keep_as in models or keep_as in index.get("retired", {}) or any(p.exists() for p in [*dst.values(), _files(zoo_dir, keep_as)["model"]]):
             raise ValueError(f"--keep-as {keep_as!r} is taken in {zoo_dir}")
         if old.get("file") != src["model"].name or not src["model"].is_file():
             raise FileNotFoundError(f"{name!r}'s file is not {src['model']}: rename it by hand")
@@ -142,3 +147,73 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
         index["default"] = name
     atomic_write(zoo_dir / "index.json", (json.dumps(index, indent=2) + "\n").encode())
     return Shipped(name, sha, keep_as, card_from_old)
+
+
+@dataclass
+class Retired:
+    names: list[str]
+    release: str
+    commit: str
+    freed: int  # bytes of the files removed
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    """git's output in `cwd`, or None where git fails (not a checkout, no such object)."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def retire(names: list[str], zoo_dir: Path, *, commit: str = "HEAD", release: str | None = None) -> Retired:
+    """Take kept models out of the zoo (`python -m trainer retire`): their files (weights, card, curve)
+    are removed and their index entries move to "retired" with the last release that shipped them
+    and the commit that has their file, which old files' errors then name (zoo.retired_advice).
+
+    Refused (ValueError, nothing changed): the default model, a name `--model auto` takes, a name
+    not in the zoo, and a model whose file is not in `commit` byte for byte (the error would send
+    users to a file that is not there). The index is written first, then the files go: a crash
+    between leaves files no entry names, never an entry without its file."""
+    from scoreflow_codec import __version__
+
+    zoo_dir = Path(zoo_dir).resolve()
+    index = read_index(zoo_dir)
+    models: dict = index["models"]
+    if not names:
+        raise ValueError("name the kept models to retire")
+    for n in names:
+        if n not in models:
+            raise ValueError(f"{n!r} is not in the zoo ({zoo_dir})")
+        if n == index.get("default") or n in ("cifar10", "photo"):
+            raise ValueError(f"{n!r} is a name the codec picks by itself (the default, or --model auto's): "
+                             "retire only kept models")
+    full = _git(zoo_dir, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+    if not full:
+        raise ValueError(f"{zoo_dir} is not in a git checkout with commit {commit!r}: the retired models' "
+                         "errors must name a commit that has their files")
+    short = full[:12]
+    entries = {}
+    for n in names:
+        f = zoo_dir / models[n]["file"]
+        rel = _git(zoo_dir, "ls-files", "--full-name", "--error-unmatch", f.name)
+        blob = _git(zoo_dir, "rev-parse", "--verify", "--quiet", f"{full}:{rel}") if rel else None
+        if not f.is_file() or blob is None or _git(zoo_dir, "hash-object", f.name) != blob:
+            raise ValueError(f"{n!r}: its file {f.name} is not in commit {short} as it is here: commit the zoo "
+                             "first (the error that old files get sends users to that commit's file)")
+        said = re.sub(r",? kept so that files made with it still decode(; see \S+\.md)?", "",
+                      models[n].get("description", ""))
+        entries[n] = {"sha256": models[n]["sha256"], "file": f.name, "path": rel, "description": said,
+                      "release": release or __version__, "commit": short}
+    index["models"] = {n: e for n, e in models.items() if n not in entries}
+    index["retired"] = {**index.get("retired", {}), **entries}
+    atomic_write(zoo_dir / "index.json", (json.dumps(index, indent=2) + "\n").encode())
+    freed = 0
+    for n, e in entries.items():
+        for p in (zoo_dir / e["file"], zoo_dir / f"{n}.md", zoo_dir / f"{n}_curve.png"):
+            if p.exists():
+                freed += p.stat().st_size
+                p.unlink()
+    return Retired(list(entries), release or __version__, short, freed)
