@@ -284,7 +284,6 @@ def training_room(repo: str | Path, data: str, eval_data: str | None = None, eva
     nothing but the data is carried) would take along, written to a temporary folder, the
     repository's .device_data untouched. What each `trainer ship` must keep whole for CIFAR-10
     (tests/test_device_chunk.py): else retire kept models first (`trainer retire`)."""
-
     repo = Path(repo).resolve()
     _git_files(repo)  # a checkout, or one clear error
     with tempfile.TemporaryDirectory() as tmp:

@@ -100,7 +100,8 @@ def ship(new_file: Path, name: str, zoo_dir: Path, *, keep_as: str | None = None
         raise ValueError("give --description: the index's one line on the model (what it was trained on, how long)")
     src, dst = _files(zoo_dir, name), (_files(zoo_dir, keep_as, kept=True) if keep_as else {})
     if keep_as is not None:
-        if keep_as in models or keep_as in index.get("retired", {}) or any(p.exists() for p in [*dst.values(), _files(zoo_dir, keep_as)["model"]]):
+        taken = keep_as in models or keep_as in index.get("retired", {})  # a retired name stays taken
+        if taken or any(p.exists() for p in [*dst.values(), _files(zoo_dir, keep_as)["model"]]):
             raise ValueError(f"--keep-as {keep_as!r} is taken in {zoo_dir}")
         if old.get("file") != src["model"].name or not src["model"].is_file():
             raise FileNotFoundError(f"{name!r}'s file is not {src['model']}: rename it by hand")
