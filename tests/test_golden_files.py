@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from scoreflow_codec import api, container, images, zoo
+from scoreflow_codec import __version__, api, container, images, zoo
 from scoreflow_codec.errors import BadFileError, DecodeMismatchError, ModelError
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -66,7 +66,7 @@ def test_golden_files_exist():
     assert len(names) >= 8 and "cifar10" in names
     retired = {e["sha256"] for n, e in zoo.retired_models().items() if n.startswith("cifar10")}
     shas = {api.read_header(p.read_bytes())["model"]["sha256"] for p in FILES if p.stem.startswith("cifar10")}
-    assert shas == {zoo.load_model(n).sha256 for n in names} | retired and len(retired) == 3
+    assert shas == {zoo.load_model(n).sha256 for n in names} | retired and len(retired) >= 3
     # format versions: 1 up to 0.7.0, 2 in 0.8.0 (the header's longer dictionary), 3 in 0.9.0, 4 from
     # 0.9.1 (the release in the fixed header), 5 from 0.9.27 where the images' metadata is kept, 6 from
     # 0.9.28 where there are 16-bit images; the same image as seed-h6 (0.6.0), seed-f2's file is 26
@@ -166,18 +166,20 @@ def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path):
     header = api.read_header(path.read_bytes())
     name = zoo.retired_name(header["model"]["sha256"])
     entry = zoo.retired_models()[name]
-    assert entry["release"] == "0.9.42" and re.fullmatch(r"[0-9a-f]{12}", entry["commit"])
+    release = tuple(int(x) for x in entry["release"].split("."))
+    assert (0, 9, 42) <= release < tuple(int(x) for x in __version__.split(".")), entry  # 0.9.43 retired the first
+    assert re.fullmatch(r"[0-9a-f]{12}", entry["commit"]), entry
     with pytest.raises(ModelError) as e:
         zoo.model_for_header(header)
     msg = str(e.value)
-    assert "\n" not in msg and f"zoo name {name}" in msg and "scoreflow-codec 0.9.42" in msg, msg
+    assert "\n" not in msg and f"zoo name {name}" in msg and f"scoreflow-codec {entry['release']}" in msg, msg
     assert f"git show {entry['commit']}:scoreflow_codec/zoo/{name}.safetensors.xz" in msg, msg
     out = path.parent / "never-written.png"
     r = CliRunner().invoke(cli, ["decompress", str(path), "-o", str(out)])
     assert r.exit_code == ModelError.exit_code and "Traceback" not in r.output and not out.exists(), r.output
     info = CliRunner().invoke(cli, ["info", str(path)]).output
     assert f"retired as {name}" in info and entry["commit"] in info, info
-    with pytest.raises(ModelError, match="no longer ships with the package.*0.9.42"):
+    with pytest.raises(ModelError, match=f"no longer ships with the package.*{re.escape(entry['release'])}"):
         zoo.load_model(name)
 
 
