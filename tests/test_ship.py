@@ -186,6 +186,7 @@ def test_retire_takes_a_kept_model_out_and_its_files_get_the_way_back(zoo_dir, t
     import subprocess
 
     (zoo_dir / "toy-1_curve.png").write_bytes(b"curve")
+    (zoo_dir / "toy.md").write_text(OLD_CARD + "\nBefore it: `toy-1` (`toy-1.md`), its curve `toy-1_curve.png`.\n")
     commit = _commit(zoo_dir)
     sha = json.loads((zoo_dir / "index.json").read_text())["models"]["toy-1"]["sha256"]
     old = (zoo_dir / "toy-1.safetensors").read_bytes()
@@ -198,6 +199,8 @@ def test_retire_takes_a_kept_model_out_and_its_files_get_the_way_back(zoo_dir, t
     assert index["retired"] == {"toy-1": {"sha256": sha, "file": "toy-1.safetensors", "path": "toy-1.safetensors",
                                           "description": "older", "release": "1.2.3", "commit": commit[:12]}}
     assert zoo.retired_name(sha) == "toy-1" and zoo.shipped_name(sha) is None
+    where = f"[retired after 1.2.3, in commit {commit[:12]}]"  # the other cards say where its files went
+    assert (zoo_dir / "toy.md").read_text().endswith(f"(`toy-1.md` {where}), its curve `toy-1_curve.png` {where}.\n")
     with pytest.raises(zoo.ModelError, match="'toy-1' no longer ships with the package: it was retired after release 1.2.3"):
         zoo.load_model("toy-1")
     with pytest.raises(zoo.ModelError) as e:

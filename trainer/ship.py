@@ -10,7 +10,8 @@ with its sha256. The index format is `scoreflow_codec.zoo`'s.
 `retire` takes kept models out again where the package must shrink (every tracked byte travels
 with a GPU training chunk, 64 MiB in all, the training images included): the index keeps a
 "retired" entry per model naming the last release that shipped it and the commit with its file,
-and files made with it get one error saying how to decode them.
+and files made with it get one error saying how to decode them; the other cards' mentions of its card
+and curve say where they went.
 
 Everything is checked before anything is written (the new file loads as a model and is not
 already shipped, the kept name is free, the old files are there), and index.json is written last,
@@ -217,4 +218,18 @@ def retire(names: list[str], zoo_dir: Path, *, commit: str = "HEAD", release: st
             if p.exists():
                 freed += p.stat().st_size
                 p.unlink()
+    mark_retired_in_cards(zoo_dir, entries)
     return Retired(list(entries), release or __version__, short, freed)
+
+
+def mark_retired_in_cards(zoo_dir: Path, entries: dict) -> None:
+    """The other cards name the retired models' cards and curves (`cifar10-3.md`, `cifar10-3_curve.png`):
+    each such name is followed by where it went, so that no card points at a file that is gone."""
+    for card in sorted(Path(zoo_dir).glob("*.md")):
+        text = old = card.read_text()
+        for n, e in entries.items():
+            where = f"retired after {e['release']}, in commit {e['commit']}"
+            for f in (f"{n}.md", f"{n}_curve.png"):
+                text = re.sub(rf"`{re.escape(f)}`(?! \[retired)", f"`{f}` [{where}]", text)
+        if text != old:
+            atomic_write(card, text.encode())
