@@ -156,7 +156,7 @@ def test_exact_golden_file_decodes_to_its_pngs(path):
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _retired(p)], ids=lambda p: p.stem)
-def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path):
+def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path, tmp_path):
     """One error (exit 5, no output written) naming the last release that shipped the model and the
     commit with its file; `sfcodec info` says the same."""
     from click.testing import CliRunner
@@ -174,7 +174,7 @@ def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path):
     msg = str(e.value)
     assert "\n" not in msg and f"zoo name {name}" in msg and f"scoreflow-codec {entry['release']}" in msg, msg
     assert f"git show {entry['commit']}:scoreflow_codec/zoo/{name}.safetensors.xz" in msg, msg
-    out = path.parent / "never-written.png"
+    out = tmp_path / "never-written.png"
     r = CliRunner().invoke(cli, ["decompress", str(path), "-o", str(out)])
     assert r.exit_code == ModelError.exit_code and "Traceback" not in r.output and not out.exists(), r.output
     info = CliRunner().invoke(cli, ["info", str(path)]).output

@@ -242,3 +242,20 @@ def test_the_memory_a_container_or_job_limit_leaves(tmp_path, monkeypatch):
     assert workers.available_memory() == G // 4
     monkeypatch.setattr(workers, "cgroup_room", lambda: None)
     assert workers.available_memory() > G // 4  # this machine's MemAvailable
+
+
+def _deaf_then_sleep(x):
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a worker blocked where its SIGTERM handler never runs
+    time.sleep(60)
+
+
+def test_a_worker_that_does_not_stop_on_sigterm_is_killed():
+    """_halt: SIGTERM, then SIGKILL after the grace: the scope never waits for ever on a worker (CI once
+    hung 19 minutes on one blocked on the pool's queue lock, its SIGTERM never acted on)."""
+    t0 = time.perf_counter()
+    with pytest.raises(KeyError):
+        with workers.background(_deaf_then_sleep, 0):
+            time.sleep(1.0)  # the worker is in its sleep, SIGTERM ignored
+            raise KeyError("the caller failed")
+    assert time.perf_counter() - t0 < 20

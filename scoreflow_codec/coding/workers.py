@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Sequence
@@ -188,13 +189,34 @@ def _pool(n: int, advice: str, threads: int | None = None):
     try:
         yield ex
     except BrokenProcessPool:
+        _halt(ex)
         raise SfcError(f"a worker process died (out of memory?); {advice}") from None
     except BaseException:
-        for proc in list((getattr(ex, "_processes", None) or {}).values()):
-            proc.terminate()
+        _halt(ex)
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _halt(ex: concurrent.futures.ProcessPoolExecutor, grace: float = 5.0) -> None:
+    """Stop a pool's processes at once: SIGTERM (each removes the file it may be writing and exits,
+    _stop), then SIGKILL for any still there after `grace` seconds. A worker stopped while it held the
+    task queue's lock leaves the lock held, and the shutdown that follows waits for every process: one
+    left alive would hang it for ever (seen once in CI, 2026-12-02: a decode of a corrupt file in
+    parts, test_fuzz.test_random_parts, waited 19 minutes on a worker blocked on that lock)."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for proc in procs:
+        with contextlib.suppress(OSError, ValueError):
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        with contextlib.suppress(OSError, ValueError):
+            proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        with contextlib.suppress(OSError, ValueError):
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
 
 
 @contextlib.contextmanager
