@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .modelfile import LoadedModel
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
+SMALL_MODEL, PHOTO_MODEL = "cifar10", "photo"  # the names `--model auto` takes (auto_model_name)
 
 
 def read_index(zoo_dir: Path | None = None) -> dict:
@@ -115,7 +116,7 @@ def auto_model_name(sizes: list[tuple[int, int]]) -> str:
     index = read_index()
     names = index["models"]
     small = all(w <= 64 and h <= 64 for w, h in sizes) if sizes else True
-    for cand in (["cifar10"] if small else ["photo", "cifar10"]):
+    for cand in ([SMALL_MODEL] if small else [PHOTO_MODEL, SMALL_MODEL]):
         if cand in names:
             return cand
     if index["default"]:

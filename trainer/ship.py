@@ -28,7 +28,7 @@ from pathlib import Path
 
 from scoreflow_codec.fileio import atomic_write
 from scoreflow_codec.modelfile import load_model_bytes, read_model_bytes
-from scoreflow_codec.zoo import read_index
+from scoreflow_codec.zoo import PHOTO_MODEL, SMALL_MODEL, read_index
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
@@ -189,7 +189,7 @@ def retire(names: list[str], zoo_dir: Path, *, commit: str = "HEAD", release: st
     for n in names:
         if n not in models:
             raise ValueError(f"{n!r} is not in the zoo ({zoo_dir})")
-        if n == index.get("default") or n in ("cifar10", "photo"):
+        if n == index.get("default") or n in (SMALL_MODEL, PHOTO_MODEL):
             raise ValueError(f"{n!r} is a name the codec picks by itself (the default, or --model auto's): "
                              "retire only kept models")
     full = _git(zoo_dir, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
