@@ -11,9 +11,10 @@ the same as the encoder's; elsewhere (this project's CI machines among them) the
 refuse them cleanly, never return other pixels.
 
 Since 0.9.43 the package no longer carries the five models with float32 weights (cifar10-1 to -3,
-photo-1 and -2: `trainer retire`, to leave a GPU chunk room for its training images). Their files
-(the three float32 ones, cifar10-x1 to -x4, photo-x1) must get one error naming the release and the
-commit that have the model, and must decode with the model file taken from that commit.
+photo-1 and -2: `trainer retire`, to leave a GPU chunk room for its training images), since 0.9.44
+cifar10-4 (0.7.0's cifar10) either. Their files (the three float32 ones, cifar10-x1 to -x5, photo-x1)
+must get one error naming the release and the commit that have the model, and must decode with the
+model file taken from that commit.
 """
 import importlib.util
 import re
