@@ -77,6 +77,20 @@ def test_resume_restores_state(cifar_small, tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+def test_a_dropout_runs_evaluation_is_its_exported_models(cifar_small, tmp_path):
+    """The run's evaluation of a dropout model (--dropout, presets base and ddpmpp) is the bound of the
+    model it exports: dropout off, the same number from the EMA weights in eval mode with the same draws.
+    Before 0.9.45 the EMA copies stayed in training mode and their evaluations drew dropout masks."""
+    from trainer.train import evaluate, load_ema
+
+    cfg = _cfg(cifar_small, steps=4, dropout=0.5)
+    rec = train(cfg, tmp_path / "d", progress=False)
+    model, dequant, _, _ = load_ema(tmp_path / "d")
+    assert not model.training and not dequant.training
+    eval_x = center_crops(load_images(cfg.eval_data), cfg.crop, cfg.eval_images)
+    assert evaluate(model, dequant, eval_x, cfg.eval_n_t, seed=4)["bpd_with"] == pytest.approx(rec["eval_bound_bpd"], abs=1e-6)
+
+
 def test_variational_second_stage_and_export(cifar_small, tmp_path):
     train(_cfg(cifar_small, steps=5), tmp_path / "s1", progress=False)
     res = train(_cfg(cifar_small, steps=4, dequant="variational", init_from=str(tmp_path / "s1"),

@@ -182,6 +182,10 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     ema_model.load_state_dict(model.state_dict()), ema_dequant.load_state_dict(dequant.state_dict())
     for p in list(ema_model.parameters()) + list(ema_dequant.parameters()):
         p.requires_grad_(False)
+    # the EMA copies are only averaged into and evaluated: eval mode, so that dropout (presets base and
+    # ddpmpp, --dropout) is off in the run's evaluations as it is in the exported model (before 0.9.45 the
+    # evaluations of a dropout run drew dropout masks: at --dropout 0.1 3.564 where the model had 3.440)
+    ema_model.eval(), ema_dequant.eval()
     ck = out / "checkpoint"
     if cfg.init_from and not (ck / "state.json").exists():
         _init_from(cfg, model, dequant, dev)
