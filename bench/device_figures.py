@@ -2,7 +2,7 @@
 """The GPU's figures in one device call: the models' likelihoods on all the CIFAR-10 test images,
 and the codec's times with --device cuda, for a session that is lent a GPU (docs/TRAINING.md).
 
-    python bench/device_figures.py prep --model cifar10 --model cifar10-12      # writes .device_bench/
+    python bench/device_figures.py prep --model cifar10 --model cifar10-18      # writes .device_bench/
     # the device tool: run(command="bash .device_bench/run.sh", carry=[".device_bench"], timeout_s=570)
     python bench/device_figures.py show FILES_AT                                 # the tables, paired
 
