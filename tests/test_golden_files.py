@@ -14,9 +14,8 @@ Since 0.9.43 the package no longer carries the five models with float32 weights 
 photo-1 and -2: `trainer retire`, to leave a GPU chunk room for its training images), since 0.9.44
 not cifar10-4 (0.7.0's cifar10) either, since 0.9.45 not cifar10-5 to -8 (the cifar10 of 0.8.0 to
 0.9.2), and since 0.9.46 not cifar10-9 to -12 (the cifar10 of 0.9.3 to 0.9.35). Their files (the three
-float32 ones, cifar10-x1 to -x13, photo-x1) must get one error naming
-the release and the commit that have the model, and must decode with the model file taken from that
-commit.
+float32 ones, cifar10-x1 to -x13, photo-x1) must get one error naming the release and the commit that
+have the model, and must decode with the model file taken from that commit.
 """
 import importlib.util
 import re
