@@ -100,7 +100,7 @@ CASES = {
     # samples scaled to 16 bits (a table of values)
     "seed-deep": ("photo", [(96, 64), (64, 48), (64, 64)], ["--fallback", "seed"], "deep"),
     # 0.9.36: the cifar10 model of 0.9.36, preset small, the first GPU-trained one (0.9.7 - 0.9.35's
-    # is cifar10-12 in the zoo now)
+    # was cifar10-12 in the zoo, retired in 0.9.46)
     "cifar10-x14": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.40: the cifar10 of 0.9.40 (0.9.36's GPU run continued on a CPU core; 0.9.36 - 0.9.39's was
     # cifar10-13 in the zoo, retired in 0.9.47)
