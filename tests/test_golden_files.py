@@ -13,9 +13,9 @@ refuse them cleanly, never return other pixels.
 Since 0.9.43 the package no longer carries the five models with float32 weights (cifar10-1 to -3,
 photo-1 and -2: `trainer retire`, to leave a GPU chunk room for its training images), since 0.9.44
 not cifar10-4 (0.7.0's cifar10) either, since 0.9.45 not cifar10-5 to -8 (the cifar10 of 0.8.0 to
-0.9.2), since 0.9.46 not cifar10-9 to -12 (the cifar10 of 0.9.3 to 0.9.35), and since 0.9.47 not
-cifar10-13 (0.9.36 - 0.9.39's, the GPU run). Their files (the three float32 ones, cifar10-x1 to -x14,
-photo-x1) must get one error naming the release and the commit that have the model, and must decode
+0.9.2), since 0.9.46 not cifar10-9 to -12 (the cifar10 of 0.9.3 to 0.9.35), since 0.9.47 not
+cifar10-13 (0.9.36 - 0.9.39's, the GPU run), and since 0.9.48 not cifar10-14 (0.9.40's, the GPU run
+continued on a CPU core). Their files (the three float32 ones, cifar10-x1 to -x15, photo-x1) must get one error naming the release and the commit that have the model, and must decode
 with the model file taken from that commit.
 """
 import importlib.util
@@ -204,14 +204,17 @@ def _model_from_its_commit(path: Path, into: Path):
     return model
 
 
-@pytest.mark.parametrize("name", ["cifar10-x3", "cifar10-x5", "cifar10-x9", "cifar10-x13", "cifar10-x14"])
+@pytest.mark.parametrize("name", ["cifar10-x3", "cifar10-x5", "cifar10-x9", "cifar10-x13", "cifar10-x14",
+                                  "cifar10-x15"])
 def test_a_retired_models_file_decodes_with_the_file_from_its_commit(name, tmp_path):
     """The way the error gives: the model file from the commit it names, passed as --model.
     cifar10-x3: 0.5.0's file (model cifar10-2, retired in 0.9.43, commit e01bd8bd29f7); cifar10-x5:
     0.7.0's (model cifar10-4, float16, retired in 0.9.44, commit 7f6a2f3eb171); cifar10-x9: 0.9.2's
     (model cifar10-8, retired in 0.9.45 with cifar10-5 to -7, commit 46a32a75049e); cifar10-x13: 0.9.7's
     (model cifar10-12, retired in 0.9.46 with cifar10-9 to -11, commit 90a3801d2782); cifar10-x14:
-    0.9.36's (model cifar10-13, preset small, the GPU run; retired in 0.9.47, commit 330024a130c6)."""
+    0.9.36's (model cifar10-13, preset small, the GPU run; retired in 0.9.47, commit 330024a130c6);
+    cifar10-x15: 0.9.40's (model cifar10-14, the GPU run continued on a CPU core; retired in 0.9.48,
+    commit 9b7bb22d0b1f)."""
     path = GOLDEN / f"{name}.sfc"
     _same(api.decompress(path.read_bytes(), _model_from_its_commit(path, tmp_path)), path)
 
