@@ -261,8 +261,8 @@ def test_optimized_grid_on_the_shipped_models_tables():
     cifar10-19 (0.9.45's), cifar10-20 (0.9.46's), cifar10-21 (0.9.47's) and 0.9.48's cifar10, the two
     are within 0.0001 at 256 steps (0.0277, 0.0277, 0.0277, 0.0276, 0.0276, 0.0275, 0.0275 and 0.0275
     bpd; cifar10-13 and cifar10-14, 0.9.36 - 0.9.39's and 0.9.40's, retired in 0.9.47 and 0.9.48: 0.0279
-    and 0.0281): optimized is never above calibrated. The cifar10 models are every one the zoo ships (`trainer ship` and `retire` change the
-    list), each at its own chain steps."""
+    and 0.0281): optimized is never above calibrated. The cifar10 models are every one the zoo ships
+    (`trainer ship` and `retire` change the list), each at its own chain steps."""
     import math
     import re
 

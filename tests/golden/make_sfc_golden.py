@@ -23,8 +23,9 @@ HERE = Path(__file__).resolve().parent
 # must go through the model even where the seed codec alone would be smaller.
 CASES = {
     # (the models of photo-1, photo-2, cifar10-1 to -x4 and photo-x1 are retired since 0.9.43, cifar10-x5's
-    # since 0.9.44, cifar10-x6 to -x9's since 0.9.45, cifar10-x10 to -x13's since 0.9.46, cifar10-x14's since
-    # 0.9.47, cifar10-x15's since 0.9.48: these cases cannot be made again, and test_golden_files checks their files' errors instead)
+    # since 0.9.44, cifar10-x6 to -x9's since 0.9.45, cifar10-x10 to -x13's since 0.9.46, cifar10-x14's
+    # since 0.9.47, cifar10-x15's since 0.9.48: these cases cannot be made again, and test_golden_files
+    # checks their files' errors instead)
     # the float32 arithmetic, written 2026-11-24 on the session machine of that day (not this
     # project's CI machine type): they decode only where the kernels are the same
     "photo-1": ("photo-1", [(192, 128)], ["--arith", "float32"]),  # while photo-1 was the zoo's photo
