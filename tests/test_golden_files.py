@@ -207,8 +207,8 @@ def _model_from_its_commit(path: Path, into: Path):
 
 def _one_per_retire_commit() -> list[Path]:
     """For each commit the index's retired entries name, the newest exact-arithmetic golden file whose
-    model went with it: every model file a retire took out, one decode each (derived from the index,
-    so `trainer retire` adds its case without an edit here)."""
+    model that commit holds: one model of each retire, one decode each (derived from the index, so
+    `trainer retire` adds its case without an edit here)."""
     newest: dict[str, Path] = {}
     for p in FILES:
         if _arith(p) != "exact64" or not _retired(p):
