@@ -81,15 +81,30 @@ def test_a_dropout_runs_evaluation_is_its_exported_models(cifar_small, tmp_path)
     """The run's evaluation of a dropout model (--dropout, presets base and ddpmpp) is the bound of the
     model it exports: dropout off, the same number from the EMA weights in eval mode with the same draws.
     Before 0.9.45 the EMA copies stayed in training mode and their evaluations drew dropout masks."""
-    from trainer.train import evaluate, load_ema
+    from trainer.train import EVAL_SEED, evaluate, load_ema
 
     cfg = _cfg(cifar_small, steps=4, dropout=0.5)
     rec = train(cfg, tmp_path / "d", progress=False)
     model, dequant, _, _ = load_ema(tmp_path / "d")
     assert not model.training and not dequant.training
     eval_x = center_crops(load_images(cfg.eval_data), cfg.crop, cfg.eval_images)
-    again = evaluate(model, dequant, eval_x, cfg.eval_n_t, seed=rec["step"])  # the trainer's seed: its step
+    again = evaluate(model, dequant, eval_x, cfg.eval_n_t, seed=EVAL_SEED)  # the trainer's one seed
     assert again["bpd_with"] == pytest.approx(rec["eval_bound_bpd"], abs=1e-6)
+
+
+def test_evaluations_at_two_steps_draw_the_same(cifar_small, tmp_path):
+    """Every evaluation a run records uses the same draws (train.EVAL_SEED, not the step), so that two
+    of them are paired: the same weights evaluated at step 2 and, all but unchanged (lr 1e-30), at step
+    4 give the same number, where the step's seed gave two that differ by about the draws' noise."""
+    import json
+
+    cfg = _cfg(cifar_small, steps=4, lr=1e-30, warmup=0, eval_every=2)
+    train(cfg, tmp_path / "e", progress=False)
+    recs = [json.loads(line) for line in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if "eval_bound_bpd" in r]
+    assert [r["step"] for r in evals] == [2, 4], evals
+    for k in ("eval_bound_bpd", "train_bound_bpd"):  # the weights move by rounding at most
+        assert evals[0][k] == pytest.approx(evals[1][k], abs=1e-5), evals
 
 
 def test_variational_second_stage_and_export(cifar_small, tmp_path):

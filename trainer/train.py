@@ -368,9 +368,15 @@ def _rank0_clock(elapsed: float, world: int, cfg: TrainConfig, dev) -> float:
     return float(t.item())
 
 
+# The draws of every evaluation a run records (its t and dequantization noise): one fixed seed, so that
+# two evaluations of the same images, at two steps or in two runs (a chunk and the chunk after it), are
+# paired and their difference is the models', not the draws'. Until 0.9.49 the seed was the step.
+EVAL_SEED = 0
+
+
 def eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed) -> dict:
-    ev = evaluate(ema_model, ema_dequant, eval_x, cfg.eval_n_t, seed=step)
-    tr = evaluate(ema_model, ema_dequant, train_x, cfg.eval_n_t, seed=step)
+    ev = evaluate(ema_model, ema_dequant, eval_x, cfg.eval_n_t, seed=EVAL_SEED)
+    tr = evaluate(ema_model, ema_dequant, train_x, cfg.eval_n_t, seed=EVAL_SEED)
     rec = {"step": step, "eval_bound_bpd": ev["bpd_with"], "eval_bound_bpd_nocorr": ev["bpd_without"],
            "train_bound_bpd": tr["bpd_with"], "train_bound_bpd_nocorr": tr["bpd_without"], "elapsed_s": elapsed}
     metrics_f.write(json.dumps(rec) + "\n")
