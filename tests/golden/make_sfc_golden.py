@@ -115,8 +115,8 @@ CASES = {
     # 0.9.43: the cifar10 of 0.9.43 (0.9.42's trained on for 62 more minutes on a CPU; 0.9.42's was
     # cifar10-16 in the zoo, retired in 0.9.50)
     "cifar10-x18": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
-    # 0.9.44: the cifar10 of 0.9.44 (0.9.43's trained on for 62 more minutes on a CPU; 0.9.43's is
-    # cifar10-17 in the zoo now)
+    # 0.9.44: the cifar10 of 0.9.44 (0.9.43's trained on for 62 more minutes on a CPU; 0.9.43's was
+    # cifar10-17 in the zoo, retired in 0.9.51)
     "cifar10-x19": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.45: the cifar10 of 0.9.45 (0.9.44's trained on for 60 more minutes on a CPU; 0.9.44's is
     # cifar10-18 in the zoo now)
@@ -136,6 +136,9 @@ CASES = {
     # 0.9.50: the cifar10 of 0.9.50 (0.9.49's trained on for 65 more minutes the same way, resumed from
     # its run; 0.9.49's is cifar10-23 in the zoo now)
     "cifar10-x25": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.51: the cifar10 of 0.9.51 (0.9.50's trained on for 55 more minutes the same way, from its
+    # shipped weights; 0.9.50's is cifar10-24 in the zoo now)
+    "cifar10-x26": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
