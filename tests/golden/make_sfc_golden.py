@@ -118,8 +118,8 @@ CASES = {
     # 0.9.44: the cifar10 of 0.9.44 (0.9.43's trained on for 62 more minutes on a CPU; 0.9.43's was
     # cifar10-17 in the zoo, retired in 0.9.51)
     "cifar10-x19": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
-    # 0.9.45: the cifar10 of 0.9.45 (0.9.44's trained on for 60 more minutes on a CPU; 0.9.44's is
-    # cifar10-18 in the zoo now)
+    # 0.9.45: the cifar10 of 0.9.45 (0.9.44's trained on for 60 more minutes on a CPU; 0.9.44's was
+    # cifar10-18 in the zoo, retired in 0.9.52)
     "cifar10-x20": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.46: the cifar10 of 0.9.46 (0.9.45's trained on for 55 more minutes on a CPU, two processes;
     # 0.9.45's is cifar10-19 in the zoo now)
@@ -139,6 +139,9 @@ CASES = {
     # 0.9.51: the cifar10 of 0.9.51 (0.9.50's trained on for 55 more minutes the same way, from its
     # shipped weights; 0.9.50's is cifar10-24 in the zoo now)
     "cifar10-x26": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.52: the cifar10 of 0.9.52 (0.9.51's trained on for 55 more minutes the same way, resumed
+    # from its run; 0.9.51's is cifar10-25 in the zoo now)
+    "cifar10-x27": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
