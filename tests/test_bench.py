@@ -583,13 +583,17 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     wheel.write_bytes(b"stand-in")
     folder = tmp_path / "dev"
     model_file = REPO / "scoreflow_codec" / "zoo" / "cifar10.safetensors"
-    prep = ["prep", "--model", "cifar10-19", "--model", str(model_file), "--cifar", str(npz), "--parts", "2",
+    from scoreflow_codec import zoo  # the oldest kept cifar10 (each ship retires one: no fixed name)
+    kept = min((m for m in zoo.list_models() if re.fullmatch(r"cifar10-\d+", m["name"])),
+               key=lambda m: int(m["name"].split("-")[1]))
+    old = kept["name"]
+    prep = ["prep", "--model", old, "--model", str(model_file), "--cifar", str(npz), "--parts", "2",
             "--n-t", "2", "--no-ode", "--stream-images", "1", "--kodak", "0", "--device", "cpu", "--threads", "1",
             "--setting", "steps=4", "--wheel", str(wheel), "--folder", str(folder), "--budget", "500"]
     assert df.main(prep) == 0
     assert "5 steps in 500 s" in capsys.readouterr().out
     plan = json.loads((folder / "plan.json").read_text())
-    assert [s["name"] for s in plan["steps"]] == ["eval-cifar10-19-0", "eval-cifar10-0", "eval-cifar10-19-1",
+    assert [s["name"] for s in plan["steps"]] == [f"eval-{old}-0", "eval-cifar10-0", f"eval-{old}-1",
                                                   "eval-cifar10-1", "cifar"]
     ev = plan["steps"][0]["cmd"]  # a part's images in one batch (sfcodec eval --batch)
     assert ev[ev.index("--batch") + 1] == "300"
@@ -603,17 +607,17 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     assert [p.name for p in out.iterdir()] == ["figures.tar"]  # one file of the device's 8
     text = df.show(str(out))
     lines = text.splitlines()
-    assert lines[0].startswith("cifar10-19 (baeb04d2), 3 images (parts [0, 1]): bound_bpd ")
+    assert lines[0].startswith(f"{old} ({kept['sha256'][:8]}), 3 images (parts [0, 1]): bound_bpd ")
     sha = hashlib.sha256(model_file.read_bytes()).hexdigest()  # the zoo's cifar10 (a file: named by its stem)
     assert lines[1].startswith(f"cifar10 ({sha[:8]}), 3 images (parts [0, 1]): bound_bpd ")
     with tarfile.open(out / "figures.tar") as tar:
         rows = {m: [r for k in (0, 1) for r in json.loads(tar.extractfile(f"figures/eval-{m}-{k}.json").read())["rows"]]
-                for m in ("cifar10-19", "cifar10")}
-    diff = [a["bound_bpd"] - b["bound_bpd"] for a, b in zip(rows["cifar10"], rows["cifar10-19"])]
-    assert lines[2].startswith(f"  bound_bpd - cifar10-19's: {np.mean(diff):+.4f} +- "
+                for m in (old, "cifar10")}
+    diff = [a["bound_bpd"] - b["bound_bpd"] for a, b in zip(rows["cifar10"], rows[old])]
+    assert lines[2].startswith(f"  bound_bpd - {old}'s: {np.mean(diff):+.4f} +- "
                                f"{np.std(diff, ddof=1) / np.sqrt(3):.4f} (lower on {sum(d < 0 for d in diff)} of 3)")
     # the first step had the whole budget but what the later four reserve (3 x 20 s, 60 s)
-    assert re.search(r"eval-cifar10-19-0: .* \(at most 3[78]\d s\)", text)
+    assert re.search(rf"eval-{old}-0: .* \(at most 3[78]\d s\)", text)
     assert "cifar: model=" in text and "1 images" in text and "lossless True" in text
     assert "all steps in" in text and "0 failed" in text
 
