@@ -262,8 +262,8 @@ def test_optimized_grid_on_the_shipped_models_tables():
     are within 0.0001 at 256 steps (0.0275, 0.0275, 0.0275, 0.0275, 0.0275, 0.0275, 0.0275 and 0.0275
     bpd; cifar10-13 to -19, 0.9.36 - 0.9.39's, 0.9.40's, 0.9.41's, 0.9.42's, 0.9.43's, 0.9.44's and
     0.9.45's, retired in 0.9.47 to 0.9.53: 0.0279, 0.0281, 0.0277, 0.0277, 0.0277, 0.0276 and 0.0276):
-    optimized is never above calibrated. The cifar10 models are every one the zoo ships (`trainer ship` and `retire`
-    change the list), each at its own chain steps."""
+    optimized is never above calibrated. The cifar10 models are every one the zoo ships (`trainer ship`
+    and `retire` change the list), each at its own chain steps."""
     import math
     import re
 
