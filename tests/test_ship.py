@@ -200,7 +200,9 @@ def test_retire_takes_a_kept_model_out_and_its_files_get_the_way_back(zoo_dir, t
                                           "description": "older", "release": "1.2.3", "commit": commit[:12]}}
     assert zoo.retired_name(sha) == "toy-1" and zoo.shipped_name(sha) is None
     where = f"[retired after 1.2.3, in commit {commit[:12]}]"  # the other cards say where its files went
-    assert (zoo_dir / "toy.md").read_text().endswith(f"(`toy-1.md` {where}), its curve `toy-1_curve.png` {where}.\n")
+    card = (zoo_dir / "toy.md").read_text()  # (its paragraph filled again: the notes made it too long)
+    assert card.endswith(".\n") and " ".join(card.split()).endswith(
+        f"(`toy-1.md` {where}), its curve `toy-1_curve.png` {where}.")
     with pytest.raises(zoo.ModelError, match="'toy-1' no longer ships with the package: it was retired after release 1.2.3"):
         zoo.load_model("toy-1")
     with pytest.raises(zoo.ModelError) as e:
@@ -213,6 +215,31 @@ def test_retire_takes_a_kept_model_out_and_its_files_get_the_way_back(zoo_dir, t
     new = _model(tmp_path / "new.safetensors", 2)
     r = _ship(new, "--as", "toy", "--keep-as", "toy-1", "--description", "d", "--zoo", zoo_dir)
     assert r.exit_code == 2 and "is taken" in r.stderr, r.output
+
+
+def test_retire_wraps_again_the_prose_its_notes_make_too_long(zoo_dir):
+    """The note after a retired card's name can push a line of prose past the cards' width: that
+    paragraph (or list item) is filled again; tables, and paragraphs it did not touch, stay as they
+    were, long lines and all."""
+    from trainer.ship import CARD_WIDTH
+
+    prose = ("The models it replaced keep decoding their files under the names `toy-1` (`toy-1.md`), `toy-2`\n"
+             "(`toy-2.md`) and `toy-3` (`toy-3.md`), each with its card.")
+    item = "- Its curve is `toy-1_curve.png`, steps 0 - 10, " + "and more words to fill the line " * 2 + "\n  up."
+    untouched = "A long line of prose that names no retired card " + "x" * 80
+    table = "| start | from `toy-1` (`toy-1.md`) |"
+    (zoo_dir / "toy.md").write_text("\n\n".join(["# Model card: `toy`", prose, item, untouched, table]) + "\n")
+    commit = _commit(zoo_dir)
+    r = _retire("toy-1", "--release", "1.2.3", "--zoo", zoo_dir)
+    assert r.exit_code == 0, r.output
+    where = f"[retired after 1.2.3, in commit {commit[:12]}]"
+    paras = (zoo_dir / "toy.md").read_text().split("\n\n")
+    assert paras[0] == "# Model card: `toy`" and paras[3] == untouched and paras[4] == f"| start | from `toy-1` (`toy-1.md` {where}) |\n"
+    assert max(map(len, paras[1].split("\n") + paras[2].split("\n"))) <= CARD_WIDTH
+    assert " ".join(paras[1].split()) == " ".join(prose.replace("`toy-1.md`", f"`toy-1.md` {where}").split())
+    assert paras[2].startswith("- Its curve is `toy-1_curve.png` [retired") and paras[2].endswith(" up.")
+    assert all(ln.startswith("  ") for ln in paras[2].split("\n")[1:])
+    assert " ".join(paras[2].split()) == " ".join(item.replace("_curve.png`", f"_curve.png` {where}").split())
 
 
 @pytest.mark.parametrize("case, words", [

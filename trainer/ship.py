@@ -222,9 +222,13 @@ def retire(names: list[str], zoo_dir: Path, *, commit: str = "HEAD", release: st
     return Retired(list(entries), release or __version__, short, freed)
 
 
+CARD_WIDTH = 105  # the cards' prose lines (tables are one line a row, whatever their length)
+
+
 def mark_retired_in_cards(zoo_dir: Path, entries: dict) -> None:
     """The other cards name the retired models' cards and curves (`cifar10-3.md`, `cifar10-3_curve.png`):
-    each such name is followed by where it went, so that no card points at a file that is gone."""
+    each such name is followed by where it went, so that no card points at a file that is gone. A
+    paragraph of prose that this leaves with a line over CARD_WIDTH is wrapped again."""
     for card in sorted(Path(zoo_dir).glob("*.md")):
         text = old = card.read_text()
         for n, e in entries.items():
@@ -232,4 +236,34 @@ def mark_retired_in_cards(zoo_dir: Path, entries: dict) -> None:
             for f in (f"{n}.md", f"{n}_curve.png"):
                 text = re.sub(rf"`{re.escape(f)}`(?! \[retired)", f"`{f}` [{where}]", text)
         if text != old:
+            old_paras = set(old.split("\n\n"))
+            text = "\n\n".join(p if p in old_paras else rewrap_prose(p) for p in text.split("\n\n"))
             atomic_write(card, text.encode())
+
+
+def rewrap_prose(para: str, width: int = CARD_WIDTH) -> str:
+    """`para` (a block between blank lines) with each paragraph or list item ("- ", "* ") that has a
+    line over `width` filled again to `width`, a list item's lines under its text; the rest as it
+    was. Tables, headings, code and indented blocks are left alone."""
+    body = para.rstrip("\n")
+    tail = para[len(body):]  # the card's last newline stays
+    lines = body.split("\n")
+    if any(ln.startswith(("|", "#", "```", "    ", "\t", ">")) for ln in lines if ln.strip()):
+        return para
+    items: list[list[str]] = []
+    for ln in lines:
+        if not items or re.match(r"[-*] ", ln):
+            items.append([ln])
+        else:
+            items[-1].append(ln)
+    out = []
+    for item in items:
+        if all(len(ln) <= width for ln in item):
+            out.extend(item)
+            continue
+        bullet = re.match(r"[-*] ", item[0])
+        lead = "  " if bullet else ""
+        words = " ".join(ln.strip() for ln in item)[len(bullet.group(0)) if bullet else 0:]
+        out.append(textwrap.fill(words, width, initial_indent=bullet.group(0) if bullet else "",
+                                 subsequent_indent=lead, break_on_hyphens=False, break_long_words=False))
+    return "\n".join(out) + tail
