@@ -124,8 +124,8 @@ CASES = {
     # 0.9.46: the cifar10 of 0.9.46 (0.9.45's trained on for 55 more minutes on a CPU, two processes;
     # 0.9.45's was cifar10-19 in the zoo, retired in 0.9.53)
     "cifar10-x21": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
-    # 0.9.47: the cifar10 of 0.9.47 (0.9.46's trained on for 55 more minutes the same way; 0.9.46's is
-    # cifar10-20 in the zoo now)
+    # 0.9.47: the cifar10 of 0.9.47 (0.9.46's trained on for 55 more minutes the same way; 0.9.46's was
+    # cifar10-20 in the zoo, retired in 0.9.54)
     "cifar10-x22": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.48: the cifar10 of 0.9.48 (0.9.47's trained on for 55 more minutes the same way; 0.9.47's is
     # cifar10-21 in the zoo now)
@@ -145,6 +145,9 @@ CASES = {
     # 0.9.53: the cifar10 of 0.9.53 (0.9.52's trained on for 52 more minutes the same way, from its
     # shipped weights; 0.9.52's is cifar10-26 in the zoo now)
     "cifar10-x28": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.54: the cifar10 of 0.9.54 (0.9.53's trained on for 68 more minutes the same way, resumed
+    # from its run; 0.9.53's is cifar10-27 in the zoo now)
+    "cifar10-x29": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
