@@ -234,7 +234,8 @@ def test_retire_wraps_again_the_prose_its_notes_make_too_long(zoo_dir):
     assert r.exit_code == 0, r.output
     where = f"[retired after 1.2.3, in commit {commit[:12]}]"
     paras = (zoo_dir / "toy.md").read_text().split("\n\n")
-    assert paras[0] == "# Model card: `toy`" and paras[3] == untouched and paras[4] == f"| start | from `toy-1` (`toy-1.md` {where}) |\n"
+    assert paras[0] == "# Model card: `toy`" and paras[3] == untouched
+    assert paras[4] == f"| start | from `toy-1` (`toy-1.md` {where}) |\n"
     assert max(map(len, paras[1].split("\n") + paras[2].split("\n"))) <= CARD_WIDTH
     assert " ".join(paras[1].split()) == " ".join(prose.replace("`toy-1.md`", f"`toy-1.md` {where}").split())
     assert paras[2].startswith("- Its curve is `toy-1_curve.png` [retired") and paras[2].endswith(" up.")
