@@ -261,9 +261,8 @@ def rewrap_prose(para: str, width: int = CARD_WIDTH) -> str:
         if all(len(ln) <= width for ln in item):
             out.extend(item)
             continue
-        bullet = re.match(r"[-*] ", item[0])
-        lead = "  " if bullet else ""
-        words = " ".join(ln.strip() for ln in item)[len(bullet.group(0)) if bullet else 0:]
-        out.append(textwrap.fill(words, width, initial_indent=bullet.group(0) if bullet else "",
-                                 subsequent_indent=lead, break_on_hyphens=False, break_long_words=False))
+        mark = item[0][:2] if re.match(r"[-*] ", item[0]) else ""
+        words = " ".join(ln.strip() for ln in item)[len(mark):]
+        out.append(textwrap.fill(words, width, initial_indent=mark, subsequent_indent=" " * len(mark),
+                                 break_on_hyphens=False, break_long_words=False))
     return "\n".join(out) + tail
