@@ -77,6 +77,27 @@ def test_resume_restores_state(cifar_small, tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+def test_the_last_steps_weights_are_on_disk_before_the_end_evaluation(cifar_small, tmp_path, monkeypatch):
+    """An export started while the run evaluates its last step (minutes on a CPU) takes the last step's
+    weights, not those of the last --save-every checkpoint; the checkpoint written after the evaluation
+    holds the same weights and the evaluation's record."""
+    from trainer import train as train_mod
+
+    seen = []
+    real = train_mod.eval_record
+
+    def eval_record(step, *a, **kw):
+        seen.append((step, ckpt.load_checkpoint(tmp_path / "r" / "checkpoint")))
+        return real(step, *a, **kw)
+    monkeypatch.setattr(train_mod, "eval_record", eval_record)
+    train(_cfg(cifar_small, steps=5, save_every=4), tmp_path / "r", progress=False)
+    (step, (during, state)), = seen
+    assert step == 5 and state["step"] == 5 and state["last"] == {}
+    after, state = ckpt.load_checkpoint(tmp_path / "r" / "checkpoint")
+    assert state["step"] == 5 and state["last"]["step"] == 5
+    assert during.keys() == after.keys() and all(torch.equal(during[k], after[k]) for k in after)
+
+
 def test_a_dropout_runs_evaluation_is_its_exported_models(cifar_small, tmp_path):
     """The run's evaluation of a dropout model (--dropout, presets base and ddpmpp) is the bound of the
     model it exports: dropout off, the same number from the EMA weights in eval mode with the same draws.

@@ -306,6 +306,10 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
             profiler.finish()  # a run that ended inside the profiled steps logs the ones it made
     if rank == 0:
         if not last or last.get("step") != step:
+            # the last step's weights on disk before the end evaluation (minutes on a CPU), so that an
+            # export started meanwhile takes them and not the last --save-every checkpoint's (0.9.54's
+            # `cifar10` was exported from step 7,000 while the run's evaluation of step 7,032 ran)
+            save()
             last = eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed_total + time.perf_counter() - t_start)
         save()
         metrics_f.close()
