@@ -662,3 +662,58 @@ def test_device_figures_prepare_run_and_show(tmp_path, monkeypatch, capsys):
     assert (folder / "plan.json").exists()  # refused before anything was written
     assert df.main(["show", str(tmp_path / "nothing")]) == 2
     assert "no figures.tar" in capsys.readouterr().err
+
+
+def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
+    """bench/ode_sample.py: the sample's images in parts, evaluated by `sfcodec eval` (the ODE NLL and
+    each image's own bound), a second run does nothing new, another sample in the same folder is refused;
+    `show` gives the regression estimate that estimate.weighted_mean computes from the rows and every
+    image's bound, and the bound of all plus the sample's mean difference."""
+    from bench.ode_sample import main as ode_sample
+    from scoreflow_codec.estimate import weighted_mean
+
+    data = np.stack([_image(3, 16, 16)[..., ::-1] if k % 2 else np.roll(_image(3, 16, 16), k, 1) for k in range(5)])
+    np.savez(tmp_path / "five.npz", images=data)
+    work = tmp_path / "s"
+    common = ["--model", "cifar10", "--data", str(tmp_path / "five.npz"), "--n", "3", "--part", "2", "--seed", "3",
+              "--rtol", "1e-2", "--atol", "1e-2", "--n-t", "4"]
+    assert ode_sample(["run", str(work), *common, "--workers", "2"]) == 0
+    man = json.loads((work / "manifest.json").read_text())
+    order = np.random.default_rng(3).permutation(5)[:3]
+    assert [p["indices"] for p in man["parts"]] == [order[:2].tolist(), order[2:].tolist()]
+    for p in man["parts"]:  # each part holds its images, and eval's rows for them
+        np.testing.assert_array_equal(np.load(work / f"{p['name']}.npz")["images"], data[p["indices"]])
+        assert len(json.loads((work / f"{p['name']}.json").read_text())["rows"]) == len(p["indices"])
+    assert not list(work.glob("*.lock")) and "2 of 2 parts done" in capsys.readouterr().out
+    stamp = [(work / f"{p['name']}.json").stat().st_mtime_ns for p in man["parts"]]
+    assert ode_sample(["run", str(work), *common]) == 0  # resumed: nothing left to do
+    assert [(work / f"{p['name']}.json").stat().st_mtime_ns for p in man["parts"]] == stamp
+    assert ode_sample(["run", str(work), *common, "--n", "4"]) == 2  # another sample: refused
+    assert "holds another sample" in capsys.readouterr().err
+    # every image's bound, as eval writes it, in two files
+    bound = tmp_path / "b.json"
+    bound.write_text(json.dumps({"rows": [{"bound_bpd": 10.0 + k + 0.1 * k * k} for k in range(5)]}))
+    assert ode_sample(["show", str(work), "--bound", str(bound), "--json", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    rows = [r for p in man["parts"] for r in json.loads((work / f"{p['name']}.json").read_text())["rows"]]
+    ode = np.array([r["ode_nll_bpd"] for r in rows])
+    b = 10.0 + order + 0.1 * order ** 2
+    assert s["images"] == 3 and s["total"] == 5 and s["ode_nll"]["mean"] == pytest.approx(ode.mean())
+    assert s["gap"]["mean"] == pytest.approx(np.mean([r["ode_nll_bpd"] - r["bound_bpd"] for r in rows]))
+    m, se = weighted_mean(ode, np.ones(3), covariate=b, covariate_mean=12.6)
+    assert (s["estimate"]["mean"], s["estimate"]["se"]) == pytest.approx((m, se))
+    assert s["difference"]["mean"] == pytest.approx(ode.mean() - b.mean() + 12.6)  # 12.6: the five bounds' mean
+    assert "regression on the bound" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": [{"bound_bpd": 1.0}]}))
+    assert ode_sample(["show", str(work), "--bound", str(bad)]) == 2
+    assert capsys.readouterr().err.strip() == "ode_sample: --bound: 1 images in all, the data set has 5"
+    # a killed run's lock is taken over; STOP stops before any part starts
+    other = tmp_path / "t"
+    (other / "part000.lock").mkdir(parents=True)
+    (other / "part000.lock" / "pid").write_text("999999999")
+    (other / "STOP").write_text("")
+    assert ode_sample(["run", str(other), *common]) == 0 and not list(other.glob("part*.json"))
+    (other / "STOP").unlink()
+    assert ode_sample(["run", str(other), *common, "--part", "3"]) == 2  # its manifest says parts of 2
+    assert ode_sample(["run", str(other), *common]) == 0 and len(list(other.glob("part*.json"))) == 2
