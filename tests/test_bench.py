@@ -702,7 +702,10 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     assert s["gap"]["mean"] == pytest.approx(np.mean([r["ode_nll_bpd"] - r["bound_bpd"] for r in rows]))
     m, se = weighted_mean(ode, np.ones(3), covariate=b, covariate_mean=12.6)
     assert (s["estimate"]["mean"], s["estimate"]["se"]) == pytest.approx((m, se))
-    assert s["difference"]["mean"] == pytest.approx(ode.mean() - b.mean() + 12.6)  # 12.6: the five bounds' mean
+    own = np.array([r["bound_bpd"] for r in rows])
+    assert s["by_gap"]["mean"] == pytest.approx(12.6 + np.mean(ode - own))  # 12.6: the five bounds' mean
+    assert s["by_gap"]["se"] == pytest.approx(np.hypot(np.std(ode - own, ddof=1) / np.sqrt(3),
+                                                       np.std(b - own, ddof=1) / np.sqrt(5)))
     assert "regression on the bound" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": [{"bound_bpd": 1.0}]}))
