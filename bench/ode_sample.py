@@ -188,13 +188,16 @@ def _rows(out: Path) -> tuple[dict, list[tuple[int, dict]], set[str]]:
     return man, rows, shas
 
 
-def _bounds(files: list[str], total: int) -> np.ndarray:
+def _bounds(files: list[str], total: int, sha: str | None) -> np.ndarray:
     vals = []
     for name in files:
         try:
-            vals += [r["bound_bpd"] for r in json.loads(Path(name).read_text())["rows"]]
+            got = json.loads(Path(name).read_text())
+            vals += [r["bound_bpd"] for r in got["rows"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SampleError(f"--bound {name}: not an `sfcodec eval --json` file ({e})") from None
+        if sha and got.get("sha256", sha) != sha:
+            raise SampleError(f"--bound {name}: another model's (sha256 {got['sha256'][:12]}, the sample's {sha[:12]})")
     if len(vals) != total:
         raise SampleError(f"--bound: {len(vals)} images in all, the data set has {total}")
     return np.asarray(vals, np.float64)
@@ -245,8 +248,9 @@ def show(args) -> int:
     man, rows, shas = _rows(Path(args.dir))
     if len(shas) > 1:
         raise SampleError(f"{args.dir}: the parts were evaluated with {len(shas)} different model files")
-    s = summarize(man, rows, _bounds(args.bound, man["total"]) if args.bound else None)
-    s["sha256"] = next(iter(shas), None)
+    sha = next(iter(shas), None)
+    s = summarize(man, rows, _bounds(args.bound, man["total"], sha) if args.bound else None)
+    s["sha256"] = sha
     print(report(s))
     if args.json:
         Path(args.json).write_text(json.dumps(s, indent=1))

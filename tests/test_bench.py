@@ -711,6 +711,9 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     bad.write_text(json.dumps({"rows": [{"bound_bpd": 1.0}]}))
     assert ode_sample(["show", str(work), "--bound", str(bad)]) == 2
     assert capsys.readouterr().err.strip() == "ode_sample: --bound: 1 images in all, the data set has 5"
+    bad.write_text(json.dumps({"sha256": "f" * 64, "rows": [{"bound_bpd": 1.0}] * 5}))
+    assert ode_sample(["show", str(work), "--bound", str(bad)]) == 2
+    assert "another model's (sha256 ffffffffffff" in capsys.readouterr().err
     # a killed run's lock is taken over; STOP stops before any part starts
     other = tmp_path / "t"
     (other / "part000.lock").mkdir(parents=True)
