@@ -145,6 +145,9 @@ def run(args) -> int:
                 continue
             if not _claim(out / f"{name}.lock"):
                 continue
+            if (out / f"{name}.json").exists():  # finished by another worker between the look and the claim
+                _release(out / f"{name}.lock")
+                continue
             t0 = time.monotonic()
             tmp = out / f"{name}.part"
             with open(tmp, "w") as f:
@@ -157,7 +160,8 @@ def run(args) -> int:
                     print(f"{name}: {len(p['indices'])} images in {time.monotonic() - t0:.0f} s", flush=True)
                 else:
                     failed.append(name)
-                    print(f"{name}: failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}", flush=True)
+                    why = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+                    print(f"{name}: failed: {why}", flush=True)
             _release(out / f"{name}.lock")
 
     threads = [threading.Thread(target=worker) for _ in range(args.workers)]

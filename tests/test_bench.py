@@ -723,3 +723,7 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     (other / "STOP").unlink()
     assert ode_sample(["run", str(other), *common, "--part", "3"]) == 2  # its manifest says parts of 2
     assert ode_sample(["run", str(other), *common]) == 0 and len(list(other.glob("part*.json"))) == 2
+    # a part whose eval fails: its line says why, no .json for it, the run's exit status 1
+    assert ode_sample(["run", str(tmp_path / "u"), *common, "--model", "nope", "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "part000: failed: " in out and "nope" in out and not list((tmp_path / "u").glob("part*.json"))
