@@ -52,7 +52,8 @@ def _run(cmd: list[str], env: dict) -> tuple[float, float, int, str]:
     return wall, rss, p.returncode, out.strip()
 
 
-def _sfcodec() -> list[str]:
+def sfcodec_command() -> list[str]:
+    """`sfcodec` as a process of its own, from this checkout (with REPO on its PYTHONPATH)."""
     return [sys.executable, "-c", "from cli.main import main; main()"]
 
 
@@ -63,7 +64,7 @@ def one_image(arr: np.ndarray, name: str, work: Path, extra: list[str], env: dic
     src, sfc, back = work / f"{stem}.png", work / f"{stem}.sfc", work / f"{stem}.out.png"
     Image.fromarray(arr if arr.shape[2] > 1 else arr[..., 0]).save(src)
     row = {"image": name, "dims": int(arr.size)}
-    enc = _run(_sfcodec() + ["compress", str(src), "-o", str(sfc), "--force", "-q", *extra], env)
+    enc = _run(sfcodec_command() + ["compress", str(src), "-o", str(sfc), "--force", "-q", *extra], env)
     row.update(encode_s=enc[0], encode_rss_mib=enc[1])
     if enc[2] != 0:
         return {**row, "error": f"compress exited {enc[2]}: {enc[3][-300:]}"}
@@ -71,7 +72,7 @@ def one_image(arr: np.ndarray, name: str, work: Path, extra: list[str], env: dic
     header = api.read_header(data)
     row.update(bytes=len(data), bpd=8.0 * len(data) / arr.size,
                coded_by="seed" if api.seed_only(header["fields"]) else "model")
-    dec = _run(_sfcodec() + ["decompress", str(sfc), "-o", str(back), "--force", "-q"], env)
+    dec = _run(sfcodec_command() + ["decompress", str(sfc), "-o", str(back), "--force", "-q"], env)
     row.update(decode_s=dec[0], decode_rss_mib=dec[1])
     if dec[2] != 0:
         return {**row, "error": f"decompress exited {dec[2]}: {dec[3][-300:]}"}
@@ -91,11 +92,11 @@ def batch(imgset, work: Path, extra: list[str], env: dict, jobs: int | None) -> 
         srcs.append(p)
         arrs[p.stem] = arr
     more = ["--jobs", str(jobs)] if jobs else []
-    enc = _run(_sfcodec() + ["compress", *map(str, srcs), "-d", str(work / "sfc"), "-q", *more, *extra], env)
+    enc = _run(sfcodec_command() + ["compress", *map(str, srcs), "-d", str(work / "sfc"), "-q", *more, *extra], env)
     sfcs = sorted((work / "sfc").glob("*.sfc"))
     dec = None
     if sfcs:
-        dec = _run(_sfcodec() + ["decompress", *map(str, sfcs), "-d", str(work / "back"), "-q", *more], env)
+        dec = _run(sfcodec_command() + ["decompress", *map(str, sfcs), "-d", str(work / "back"), "-q", *more], env)
     rows = []
     for p, name in zip(srcs, imgset.names):
         row = {"image": name, "dims": int(arrs[p.stem].size)}

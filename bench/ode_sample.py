@@ -50,11 +50,11 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import datasets  # noqa: E402
+from bench.cli_times import sfcodec_command  # noqa: E402
 from scoreflow_codec.estimate import weighted_mean  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
-KEYS = ("bound_bpd", "ode_nll_bpd")
 
 
 class SampleError(Exception):
@@ -105,10 +105,6 @@ def _release(lock: Path) -> None:
     lock.rmdir()
 
 
-def _sfcodec() -> list[str]:
-    return [sys.executable, "-c", "from cli.main import main; main()"]
-
-
 def run(args) -> int:
     try:
         imgs = datasets.load(args.data)
@@ -151,7 +147,7 @@ def run(args) -> int:
             t0 = time.monotonic()
             tmp = out / f"{name}.part"
             with open(tmp, "w") as f:
-                r = subprocess.run(_sfcodec() + ["eval", str(out / f"{name}.npz"), "--model", want["model"],
+                r = subprocess.run(sfcodec_command() + ["eval", str(out / f"{name}.npz"), "--model", want["model"],
                                                  *want["eval_args"], "--json"],
                                    stdout=f, stderr=subprocess.PIPE, text=True, env=env)
             with lock:
