@@ -98,6 +98,27 @@ def test_the_last_steps_weights_are_on_disk_before_the_end_evaluation(cifar_smal
     assert during.keys() == after.keys() and all(torch.equal(during[k], after[k]) for k in after)
 
 
+def test_a_checkpoint_is_written_once_a_step(cifar_small, tmp_path, monkeypatch):
+    """A run whose last step is a --save-every step writes that step's checkpoint once before its end
+    evaluation (in the loop) and once after it (with the evaluation's record); one that stops between
+    save steps writes its last step before the evaluation too. Until 0.9.55's review the first wrote
+    it twice before the evaluation."""
+    from trainer import train as train_mod
+
+    written = []
+    real = train_mod.ckpt.save_checkpoint
+
+    def save_checkpoint(path, tensors, state, **kw):
+        written.append((state["step"], bool(state["last"])))
+        return real(path, tensors, state, **kw)
+    monkeypatch.setattr(train_mod.ckpt, "save_checkpoint", save_checkpoint)
+    train(_cfg(cifar_small, steps=4, save_every=2), tmp_path / "a", progress=False)
+    assert written == [(2, False), (4, False), (4, True)]
+    written.clear()
+    train(_cfg(cifar_small, steps=5, save_every=2), tmp_path / "b", progress=False)
+    assert written == [(2, False), (4, False), (5, False), (5, True)]
+
+
 def test_a_dropout_runs_evaluation_is_its_exported_models(cifar_small, tmp_path):
     """The run's evaluation of a dropout model (--dropout, presets base and ddpmpp) is the bound of the
     model it exports: dropout off, the same number from the EMA weights in eval mode with the same draws.

@@ -235,10 +235,12 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
     t_start = time.perf_counter()
     t_log, n_log, loss_acc = t_start, 0, 0.0
     last = {}
+    saved_at = None  # the step of the checkpoint on disk from this process
     clock = None  # the seconds the cool-down goes by, as the ranks last agreed
     profiler = StepProfiler(cfg.profile_steps, dev, log=log) if cfg.profile_steps and rank == 0 else None
 
     def save():
+        nonlocal saved_at
         tensors = {**{f"net.model.{k}": v for k, v in model.state_dict().items()},
                    **{f"net.dequant.{k}": v for k, v in dequant.state_dict().items()},
                    **{f"ema.model.{k}": v for k, v in ema_model.state_dict().items()},
@@ -248,6 +250,7 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         state = {"step": step, "elapsed": elapsed_total + time.perf_counter() - t_start, "images": images_seen,
                  "optimizer": oscal, "config": cfg.to_dict(), "model_config": mconfig, "last": last}
         ckpt.save_checkpoint(ck, tensors, state, compact_state=cfg.compact_checkpoint)
+        saved_at = step
 
     try:
         while step < cfg.steps:
@@ -308,8 +311,10 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         if not last or last.get("step") != step:
             # the last step's weights on disk before the end evaluation (minutes on a CPU), so that an
             # export started meanwhile takes them and not the last --save-every checkpoint's (0.9.54's
-            # `cifar10` was exported from step 7,000 while the run's evaluation of step 7,032 ran)
-            save()
+            # `cifar10` was exported from step 7,000 while the run's evaluation of step 7,032 ran);
+            # written already where the last step is a --save-every step
+            if saved_at != step:
+                save()
             last = eval_record(step, ema_model, ema_dequant, eval_x, train_x, cfg, metrics_f, elapsed_total + time.perf_counter() - t_start)
         save()
         metrics_f.close()
