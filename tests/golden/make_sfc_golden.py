@@ -127,8 +127,8 @@ CASES = {
     # 0.9.47: the cifar10 of 0.9.47 (0.9.46's trained on for 55 more minutes the same way; 0.9.46's was
     # cifar10-20 in the zoo, retired in 0.9.54)
     "cifar10-x22": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
-    # 0.9.48: the cifar10 of 0.9.48 (0.9.47's trained on for 55 more minutes the same way; 0.9.47's is
-    # cifar10-21 in the zoo now)
+    # 0.9.48: the cifar10 of 0.9.48 (0.9.47's trained on for 55 more minutes the same way; 0.9.47's was
+    # cifar10-21 in the zoo, retired in 0.9.56)
     "cifar10-x23": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.49: the cifar10 of 0.9.49 (0.9.48's trained on for 55 more minutes the same way, from its
     # shipped weights; 0.9.48's is cifar10-22 in the zoo now)
@@ -148,6 +148,9 @@ CASES = {
     # 0.9.54: the cifar10 of 0.9.54 (0.9.53's trained on for 68 more minutes the same way, resumed
     # from its run; 0.9.53's is cifar10-27 in the zoo now)
     "cifar10-x29": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.56: the cifar10 of 0.9.56 (0.9.54's trained on for 68 more minutes the same way, resumed
+    # from its run; 0.9.54's is cifar10-28 in the zoo now)
+    "cifar10-x30": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
