@@ -668,7 +668,8 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     """bench/ode_sample.py: the sample's images in parts, evaluated by `sfcodec eval` (the ODE NLL and
     each image's own bound), a second run does nothing new, another sample in the same folder is refused;
     `show` gives the regression estimate that estimate.weighted_mean computes from the rows and every
-    image's bound, and the bound of all plus the sample's mean difference."""
+    image's bound, and the bound of all plus the sample's mean difference (below its own bound, and
+    below the --bound value)."""
     from bench.ode_sample import main as ode_sample
     from scoreflow_codec.estimate import weighted_mean
 
@@ -706,6 +707,10 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     assert s["by_gap"]["mean"] == pytest.approx(12.6 + np.mean(ode - own))  # 12.6: the five bounds' mean
     assert s["by_gap"]["se"] == pytest.approx(np.hypot(np.std(ode - own, ddof=1) / np.sqrt(3),
                                                        np.std(b - own, ddof=1) / np.sqrt(5)))
+    # and with the --bound files' own values on the sample (b): no assumption that the two bounds share a mean
+    assert (s["by_gap_same"]["mean"], s["by_gap_same"]["se"]) == pytest.approx(
+        (12.6 + np.mean(ode - b), np.std(ode - b, ddof=1) / np.sqrt(3)))
+    assert s["by_gap_same"]["mean"] != pytest.approx(s["by_gap"]["mean"])
     assert "regression on the bound" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": [{"bound_bpd": 1.0}]}))
