@@ -10,7 +10,7 @@ from gaussian_reference import ScaledModel, expected_bound, ode_model_nll, sde_m
 from scoreflow_codec import pixels
 from scoreflow_codec.likelihood import (DrawnDequantization, bound_bpd, bound_terms, ode_nll_bpd, ode_nll_continuous,
                                         stratified_se)
-from scoreflow_codec.losses import dsm_loss
+from scoreflow_codec.losses import dsm_loss, stratified_uniform
 from scoreflow_codec.models.gaussian import GaussianScoreModel
 from scoreflow_codec.sde import SDEConfig, make_sde
 
@@ -252,8 +252,9 @@ def _wrong_score_image(kind):
 def test_stratified_bound_is_unbiased_lower_variance_and_reports_a_safe_error(kind):
     """bound_terms draws one t per stratum of p(t): against independent draws (plain dsm_loss) on a
     192-dim Gaussian with a wrong score, both estimators match the closed form, the stratified one
-    with less spread (measured 2.3x / 2.3x / 5.5x lower std for vp / subvp / ve), and its reported
-    diffusion_se is not optimistic (measured mean se^2 / empirical variance 1.75 - 1.93)."""
+    with less spread (measured 5.7x / 5.9x / 5.2x lower std for vp / subvp / ve; 2.3x / 2.3x / 5.5x
+    before 0.9.57 sampled ||z||^2), and its reported diffusion_se is not optimistic (measured mean se^2 /
+    empirical variance 1.93 - 2.13)."""
     sde, mu, s, model, x, u, y = _wrong_score_image(kind)
     reps, n_t = 400, 16
     terms = bound_terms(model, x.expand((reps,) + x.shape[1:]), FixedDeq(u), n_t=n_t,
@@ -300,9 +301,9 @@ def test_systematic_bound_is_unbiased_with_less_spread(kind):
     """With systematic=True the n_t times come from one shift per image (losses.systematic_uniform):
     on the 192-dim Gaussian with a wrong score the diffusion term still matches the closed form,
     with no more spread than one time per stratum jittered on its own (here the noise z of each time
-    dominates: measured 0.95x / 0.96x / 0.82x the std for vp / subvp / ve, n_t = 16; the unfolded
-    shifted grid 0.96x / 0.97x / 1.24x, ve's integrand ending far from where it starts), and no
-    standard error is claimed (NaN)."""
+    dominates: measured 0.86x / 0.86x / 0.88x the std for vp / subvp / ve, n_t = 16; before 0.9.57
+    sampled ||z||^2 too, 0.95x / 0.96x / 0.82x, and the unfolded shifted grid 0.96x / 0.97x / 1.24x,
+    ve's integrand ending far from where it starts), and no standard error is claimed (NaN)."""
     sde, mu, s, model, x, u, y = _wrong_score_image(kind)
     reps, n_t = 400, 16
     xs = x.expand((reps,) + x.shape[1:])
@@ -321,8 +322,8 @@ def test_systematic_bound_is_unbiased_with_less_spread(kind):
 def test_systematic_bound_on_the_shipped_photo_model():
     """What the codec's estimates rely on, on a real network: the shipped `photo` model's bound of
     four textured 64px tiles (a synthetic image: no data needed), 16 times, five draws each way. On
-    the grid the draws spread far less than with independently jittered strata (pooled std 0.23x
-    here; 0.047 against 0.186 bits/dim on Kodak tiles: the integrand over time is smooth, and its
+    the grid the draws spread far less than with independently jittered strata (pooled std 0.21x
+    here, 0.23x before 0.9.57; 0.047 against 0.186 bits/dim on Kodak tiles: the integrand over time is smooth, and its
     variation within strata was most of the noise), and both estimate the same bound."""
     from scoreflow_codec import zoo
 
@@ -339,3 +340,38 @@ def test_systematic_bound_on_the_shipped_photo_model():
     assert math.sqrt(var[True] / var[False]) < 0.5, var
     diff = draws[True].mean().item() - draws[False].mean().item()
     assert abs(diff) < 4 * math.sqrt((var[True] + var[False]) / 20), (diff, var)
+
+
+def test_bound_on_the_shipped_cifar10_model_samples_only_the_models_term():
+    """Since 0.9.57 dsm_loss samples only 0.5 Z ||eps_hat - z||^2 and adds the model-free terms'
+    expectation (losses.exact_part). Against the sampled form of score_flow and 0.9.56 (the same u and
+    z draws, computed here from the formula), on the shipped `cifar10` model and a synthetic 32px
+    image: the same mean within the noise, and far less spread (here 0.068 against 0.134 bits/dim over
+    24 draws of 32 times; on 16 CIFAR-10 test images 0.027 against 0.054 for 64 times)."""
+    from scoreflow_codec import zoo
+    from scoreflow_codec.losses import _sampler, _sq, perturb
+
+    model = zoo.load_model("cifar10")
+    net, sde = model.model, model.model.sde
+    yy, xx = np.mgrid[0:32, 0:32]
+    img = np.stack([90 + 50 * np.sin(xx / 5.0), 120 + 40 * np.cos((xx + yy) / 6.0), 70 + 3 * xx + yy], 0)
+    x = torch.from_numpy(np.clip(img + np.random.default_rng(1).normal(0, 2, (3, 32, 32)), 0, 255).astype(np.uint8))
+    reps, n_t = 24, 32
+    with torch.no_grad():
+        u, _ = model.dequantizer.sample(x[None], generator=torch.Generator().manual_seed(3))
+        y = pixels.to_model(x[None], u).expand(reps, -1, -1, -1).contiguous()
+        sampler, d = _sampler(sde, float(sde.eps)), y[0].numel()
+        strata = stratified_uniform(n_t, reps, torch.Generator().manual_seed(5))
+        g_new, g_old = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        new = torch.stack([dsm_loss(net, y, u=strata[j], generator=g_new) for j in range(n_t)]).double().mean(0)
+        old = []
+        for j in range(n_t):
+            t = sampler.icdf(strata[j]).float()
+            xt, z, _ = perturb(sde, y, t, g_old)
+            w = sampler.weight(t)
+            old.append(0.5 * (sampler.Z * (_sq(net(xt, t) - z) - _sq(z)) - 2.0 * w * sde.div_f(xt, t)))
+        old = torch.stack(old).double().mean(0)
+    new, old = new / (d * math.log(2)), old / (d * math.log(2))  # bits/dim
+    assert new.std() < 0.7 * old.std(), (new.std().item(), old.std().item())
+    diff = (new - old).mean().item()
+    assert abs(diff) < 4 * (new - old).std().item() / math.sqrt(reps), diff

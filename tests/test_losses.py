@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gaussian_reference import gaussian_setup, ScaledModel, expected_dsm, expected_integrand, integrate_in_log_snr
-from scoreflow_codec.losses import dsm_loss, stratified_uniform, systematic_uniform
+from scoreflow_codec.losses import dsm_loss, exact_part, stratified_uniform, systematic_uniform
 from scoreflow_codec.models.gaussian import GaussianScoreModel
 
 KINDS = ["vp", "subvp", "ve"]
@@ -39,6 +39,18 @@ def test_likelihood_loss_estimators_agree_with_closed_form(kind, k):
     assert abs(m_is - ref) < 4 * se_is, (m_is, se_is, ref)
     assert abs(m_u - ref) < 4 * se_u, (m_u, se_u, ref)
     assert abs(m_is - m_u) < 4 * math.hypot(se_is, se_u)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exact_part_is_the_quadrature_of_the_model_free_terms(kind):
+    """exact_part's closed form -0.5 D Z + D log(alpha_eps / alpha_T) against Gauss-Legendre quadrature
+    of -0.5 [g^2 D / sigma^2 + 2 div f] over [eps, T] (div f = drift_coef D), at two eps."""
+    sde, *_ = setup(kind)
+    d = 12
+    for eps in (sde.eps, 1e-3):
+        ref = integrate_in_log_snr(
+            sde, lambda t: -0.5 * d * (sde.g2(t) / sde.marginal_coeffs(t)[1] ** 2 + 2 * sde.drift_coef(t)), eps)
+        assert exact_part(sde, eps, d) == pytest.approx(float(ref), rel=1e-8, abs=1e-8)
 
 
 @pytest.mark.parametrize("kind", KINDS)
