@@ -18,24 +18,32 @@ probe's, which does not shrink as the sample grows).
 
 `run` draws the sample (the first --n of `numpy.random.default_rng(--seed).permutation(N)`, or the
 order in --indices, a .npy of image indices), writes it to DIR as parts of --part images
-(partNNN.npz) and evaluates the parts with `sfcodec eval PART --model M --seed 0 --json`
+(partNNN.npz) and evaluates part k with `sfcodec eval PART --model M --seed 1000+k --json`
 (partNNN.json), --workers processes at a time, each with OMP_NUM_THREADS=--threads. It can be
 stopped and started again (a part is claimed by a partNNN.lock folder holding the run's process id; a
 killed run's parts are taken again), stops starting parts after --minutes, or when a file DIR/STOP
-appears (the parts under way finish). DIR/manifest.json records the data set, the model, the sample and eval's options;
-a second `run` on the same DIR must name the same ones.
+appears (the parts under way finish). DIR/manifest.json records the data set, the model, the sample
+and eval's options; a second `run` on the same DIR must name the same ones.
+
+Why a seed per part: eval draws each image's numbers (its dequantization, time samples, noise, the
+Hutchinson probe) from one stream per process, so with one seed for every part, as until 0.9.56, the
+images at the same place in their parts drew the same numbers, and their errors moved together: the
+probe's error is largely the same for different CIFAR-10 images (mean ODE NLL minus bound by place in
+the part, 0.9.56's 80-image sample: +0.031, -0.046, -0.001, -0.073, each +- 0.009), so such a
+sample's mean carried the error of only part-size draws. `show` reads those samples too, with
+standard errors over their sets of draws (estimate.weighted_mean's groups); `run` does not add to them.
 
 `show` reads the parts that are done: each image's ODE NLL and its own bound (1000 time samples),
 their means with standard errors over the sample, and with --bound (eval JSONs of every image of the
-data set in order, e.g. `sfcodec eval test.npz --no-ode --n-t 64 --seed 0 --json`, several files
-concatenated) the estimate for the whole set, three ways: the regression above; the bound of every
-image plus the sample's mean ODE NLL below each image's own 1000-sample bound (the tightest where the
-bound files take few time samples, 64, but it assumes the two bounds share their mean: on 192 CIFAR-10
-test images the 1000-sample bound came out 0.0070 +- 0.0020 above the 64-sample one, so it can err by
-that much); and, without that assumption, the bound of every image plus the sample's mean ODE NLL
-below the --bound files' own value for each sampled image (the regression with a slope of one; wider,
-since the 64-sample bound's noise is in it: evaluate the sample's images again with other --seed values
-and average to narrow it).
+data set in order, e.g. `sfcodec eval test.npz --no-ode --n-t 64 --seed S --json` on a few files, each
+with its own S for the same reason) the estimate for the whole set, three ways: the regression above;
+the bound of every image plus the sample's mean ODE NLL below each image's own 1000-sample bound (the
+tightest where the bound files take few time samples, 64); and the bound of every image plus the
+sample's mean ODE NLL below the --bound files' own value for each sampled image (the regression with a
+slope of one; wider, since the 64-sample bound's noise is in it: evaluate the sample's images again
+with other --seed values and average to narrow it). Both bounds estimate each image's bound without
+bias (0.9.56 reported the 1000-sample bound 0.0070 +- 0.0020 above the 64-sample one on 192 images:
+that was the shared draws above, the standard error taken as if the images' errors were independent).
 """
 from __future__ import annotations
 
@@ -59,6 +67,7 @@ from scoreflow_codec.estimate import weighted_mean  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
+PART_SEED = 1000  # part k evaluates with --seed PART_SEED + k: no two images of a sample share their draws
 
 
 class SampleError(Exception):
@@ -80,10 +89,10 @@ def _manifest(args, total: int) -> dict:
         order = order[:args.n]
     else:
         order = np.random.default_rng(args.seed).permutation(total)[:args.n]
-    eval_args = ["--seed", "0", "--rtol", str(args.rtol), "--atol", str(args.atol), "--probes", str(args.probes),
+    eval_args = ["--rtol", str(args.rtol), "--atol", str(args.atol), "--probes", str(args.probes),
                  "--n-t", str(args.n_t)]
-    parts = [{"name": _part_name(k // args.part), "indices": [int(i) for i in order[k:k + args.part]]}
-             for k in range(0, len(order), args.part)]
+    parts = [{"name": _part_name(k // args.part), "indices": [int(i) for i in order[k:k + args.part]],
+              "seed": PART_SEED + k // args.part} for k in range(0, len(order), args.part)]
     return {"data": args.data, "total": total, "model": args.model, "eval_args": eval_args, "parts": parts}
 
 
@@ -122,6 +131,10 @@ def run(args) -> int:
     path = out / MANIFEST
     if path.exists():
         have = json.loads(path.read_text())
+        if have["parts"] and "seed" not in have["parts"][0]:
+            raise SampleError(f"{out} holds a sample begun before 0.9.57, whose parts all drew with --seed 0 (the "
+                              "images at the same place in their parts share their draws): `show` still reads it; "
+                              "run new samples in another DIR")
         if {k: have.get(k) for k in want} != want:
             raise SampleError(f"{out} holds another sample (its {MANIFEST}: {have['data']}, {have['model']}, "
                               f"{sum(len(p['indices']) for p in have['parts'])} images): use another DIR")
@@ -152,7 +165,7 @@ def run(args) -> int:
             tmp = out / f"{name}.part"
             with open(tmp, "w") as f:
                 r = subprocess.run(sfcodec_command() + ["eval", str(out / f"{name}.npz"), "--model", want["model"],
-                                                 *want["eval_args"], "--json"],
+                                                 *want["eval_args"], "--seed", str(p["seed"]), "--json"],
                                    stdout=f, stderr=subprocess.PIPE, text=True, env=env)
             with lock:
                 if r.returncode == 0:
@@ -174,7 +187,17 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
+def _draw_seed(man: dict, part: dict) -> int:
+    """The --seed a part was evaluated with: its own since 0.9.57, before that eval_args' (0) for all."""
+    if "seed" in part:
+        return int(part["seed"])
+    args = man["eval_args"]
+    return int(args[args.index("--seed") + 1])
+
+
 def _rows(out: Path) -> tuple[dict, list[tuple[int, dict]], set[str]]:
+    """The manifest, (image index, eval row) of every part done, and the model files' sha256s. Each row
+    also gets "draws": which random draws it was evaluated with (its part's --seed, its place in the part)."""
     path = out / MANIFEST
     if not path.exists():
         raise SampleError(f"{out}: no {MANIFEST} (not a `run` folder)")
@@ -188,7 +211,8 @@ def _rows(out: Path) -> tuple[dict, list[tuple[int, dict]], set[str]]:
         if len(got["rows"]) != len(p["indices"]):
             raise SampleError(f"{f}: {len(got['rows'])} rows for {len(p['indices'])} images")
         shas.add(got["sha256"])
-        rows += list(zip(p["indices"], got["rows"]))
+        seed = _draw_seed(man, p)
+        rows += [(i, {**r, "draws": f"{seed}:{j}"}) for j, (i, r) in enumerate(zip(p["indices"], got["rows"]))]
     return man, rows, shas
 
 
@@ -215,14 +239,15 @@ def summarize(man: dict, rows: list[tuple[int, dict]], bounds: np.ndarray | None
     ode = np.array([r["ode_nll_bpd"] for _, r in rows])
     own = np.array([r["bound_bpd"] for _, r in rows])
     ones = np.ones(n)
-    s = {"images": n, "total": man["total"], "model": man["model"]}
+    draws = np.array([r["draws"] for _, r in rows])
+    s = {"images": n, "total": man["total"], "model": man["model"], "draw_sets": len(set(draws.tolist()))}
     for k, v in (("ode_nll", ode), ("bound_1000", own), ("gap", ode - own)):
-        m, se = weighted_mean(v, ones)
+        m, se = weighted_mean(v, ones, groups=draws)
         s[k] = {"mean": m, "se": se}
     if bounds is not None:
         idx = np.array([i for i, _ in rows])
         b = bounds[idx]
-        m, se = weighted_mean(ode, ones, covariate=b, covariate_mean=float(bounds.mean()))
+        m, se = weighted_mean(ode, ones, covariate=b, covariate_mean=float(bounds.mean()), groups=draws)
         s["bound_all"] = float(bounds.mean())
         s["estimate"] = {"mean": m, "se": se, "slope": float(np.polyfit(b, ode, 1)[0]) if n > 1 else None}
         # the bound of all plus the sample's gap below its own bound: both bounds estimate each image's
@@ -232,7 +257,7 @@ def summarize(man: dict, rows: list[tuple[int, dict]], bounds: np.ndarray | None
         s["by_gap"] = {"mean": float(bounds.mean() + s["gap"]["mean"]), "se": float(np.hypot(s["gap"]["se"], noise))}
         # the same with the --bound files' own values on the sample: no assumption that the two bounds
         # share a mean (the module docstring has how far apart they came out on CIFAR-10)
-        m, se = weighted_mean(ode - b, ones)
+        m, se = weighted_mean(ode - b, ones, groups=draws)
         s["by_gap_same"] = {"mean": float(bounds.mean() + m), "se": se}
     return s
 
@@ -244,6 +269,9 @@ def report(s: dict) -> str:
              f"  ODE NLL on the sample        {f('ode_nll')}",
              f"  bound (1000 t) on the sample {f('bound_1000')}",
              f"  ODE NLL - bound              {f('gap')}"]
+    if s["draw_sets"] < s["images"]:
+        lines.insert(1, f"  (parts begun before 0.9.57: the images drew from only {s['draw_sets']} sets of random numbers, "
+                        "each shared by the images at the same place in their parts; standard errors over those sets)")
     if "estimate" in s:
         lines += [f"  bound on all {s['total']} (--bound)  {s['bound_all']:.4f}",
                   f"  ODE NLL of all {s['total']}, regression on the bound (slope {s['estimate']['slope']:.3f}): "

@@ -46,14 +46,20 @@ class Estimate:
 
 
 def weighted_mean(values: np.ndarray, weights: np.ndarray, covariate: np.ndarray | None = None,
-                  covariate_mean: float | None = None) -> tuple[float, float]:
+                  covariate_mean: float | None = None, groups: np.ndarray | None = None) -> tuple[float, float]:
     """(the weighted mean, its linearized standard error as a ratio estimator; inf where too few).
 
     With a covariate (known for every unit, its weighted mean over all of them `covariate_mean`):
     the regression estimator m_v + beta (covariate_mean - m_c), beta the sample's weighted
     least-squares slope of values on covariate; its standard error from the residuals, with two
     degrees of freedom used. Where the sample is the whole population, m_c = covariate_mean and
-    the estimate is the plain mean."""
+    the estimate is the plain mean.
+
+    groups: a label per unit, where units' evaluation noise is not independent (units evaluated with
+    the same random draws share part of their error): the standard error is then the cluster-robust
+    one, the residuals summed within each group, sqrt(G / (G - used) * sum_g (sum_{i in g} r_i)^2) / sum w
+    over G groups (inf where G <= used). With every label distinct it is the formula above.
+    """
     v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
     n, sw = len(v), w.sum()
     m = float(np.dot(w, v) / sw)
@@ -68,6 +74,10 @@ def weighted_mean(values: np.ndarray, weights: np.ndarray, covariate: np.ndarray
         m += beta * (covariate_mean - mc)
         r = r - beta * w * dc
         used = 2
+    if groups is not None:
+        _, inverse = np.unique(np.asarray(groups), return_inverse=True)
+        r = np.bincount(inverse.ravel(), weights=r)
+        n = len(r)
     if n <= used:
         return m, float("inf")
     return m, float(np.sqrt(n / (n - used) * np.dot(r, r)) / sw)

@@ -3,6 +3,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -682,6 +683,7 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     man = json.loads((work / "manifest.json").read_text())
     order = np.random.default_rng(3).permutation(5)[:3]
     assert [p["indices"] for p in man["parts"]] == [order[:2].tolist(), order[2:].tolist()]
+    assert [p["seed"] for p in man["parts"]] == [1000, 1001] and "--seed" not in man["eval_args"]  # draws of its own
     for p in man["parts"]:  # each part holds its images, and eval's rows for them
         np.testing.assert_array_equal(np.load(work / f"{p['name']}.npz")["images"], data[p["indices"]])
         assert len(json.loads((work / f"{p['name']}.json").read_text())["rows"]) == len(p["indices"])
@@ -712,6 +714,21 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
         (12.6 + np.mean(ode - b), np.std(ode - b, ddof=1) / np.sqrt(3)))
     assert s["by_gap_same"]["mean"] != pytest.approx(s["by_gap"]["mean"])
     assert "regression on the bound" in capsys.readouterr().out
+    assert s["draw_sets"] == 3 and "sets of random numbers" not in capsys.readouterr().out
+    # a sample begun before 0.9.57 (every part --seed 0): the images at the same place in their parts share
+    # their draws, so the standard errors are over those sets (2 here); run refuses to add to it
+    legacy = tmp_path / "legacy"
+    shutil.copytree(work, legacy)
+    man_old = {**man, "eval_args": ["--seed", "0", *man["eval_args"]],
+               "parts": [{k: v for k, v in p.items() if k != "seed"} for p in man["parts"]]}
+    (legacy / "manifest.json").write_text(json.dumps(man_old))
+    assert ode_sample(["show", str(legacy), "--bound", str(bound), "--json", str(tmp_path / "l.json")]) == 0
+    lg = json.loads((tmp_path / "l.json").read_text())
+    assert lg["draw_sets"] == 2 and "only 2 sets of random numbers" in capsys.readouterr().out
+    places = np.array([0, 1, 0])
+    assert lg["gap"]["se"] == pytest.approx(weighted_mean(ode - own, np.ones(3), groups=places)[1])
+    assert lg["estimate"]["se"] == pytest.approx(weighted_mean(ode, np.ones(3), b, 12.6, groups=places)[1])
+    assert ode_sample(["run", str(legacy), *common]) == 2 and "begun before 0.9.57" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rows": [{"bound_bpd": 1.0}]}))
     assert ode_sample(["show", str(work), "--bound", str(bad)]) == 2
