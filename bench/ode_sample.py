@@ -255,8 +255,8 @@ def summarize(man: dict, rows: list[tuple[int, dict]], bounds: np.ndarray | None
         # averages out to its spread over sqrt(total) (the spread of b - own bounds it from above)
         noise = float(np.std(b - own, ddof=1) / np.sqrt(man["total"])) if n > 1 else float("inf")
         s["by_gap"] = {"mean": float(bounds.mean() + s["gap"]["mean"]), "se": float(np.hypot(s["gap"]["se"], noise))}
-        # the same with the --bound files' own values on the sample: no assumption that the two bounds
-        # share a mean (the module docstring has how far apart they came out on CIFAR-10)
+        # the same with the --bound files' own values on the sample: wider (their noise is in it), but it
+        # needs neither bound's mean to be right, only each image's difference
         m, se = weighted_mean(ode - b, ones, groups=draws)
         s["by_gap_same"] = {"mean": float(bounds.mean() + m), "se": se}
     return s

@@ -15,7 +15,8 @@ Every loss here is a one-sample unbiased estimate, per data point, of an integra
       0.5 * int_eps^T g^2 E||s - grad log p_0t||^2 dt  +  exact_part,
       exact_part = -0.5 D int g^2 / sigma^2 dt - int div f dt = -0.5 D Z + D log(alpha_eps / alpha_T)
   with Z = log SNR(eps) - log SNR(T) (importance.py) and alpha' = drift_coef alpha. Sampling ||z||^2
-  instead, as score_flow and 0.9.56 did, only added noise: with one z per time sample its spread
+  instead, as score_flow and 0.9.56 did, cancels some of the model term's noise near t = eps (where
+  eps_hat - z is mostly -z) and adds its own everywhere: with one z per time sample its spread
   (Z sqrt(2 D) / 2 nats) was most of a 64-sample bound's (CIFAR-10 model: 0.054 bits/dim per image
   then, 0.027 now; and the same z draws shared by different images moved all their estimates
   together). Averaged over the data its minimum over models (the true score) is H(p_eps) - H(p_T),
