@@ -17,10 +17,10 @@ not cifar10-4 (0.7.0's cifar10) either, since 0.9.45 not cifar10-5 to -8 (the ci
 cifar10-13 (0.9.36 - 0.9.39's, the GPU run), since 0.9.48 not cifar10-14 (0.9.40's, the GPU run
 continued on a CPU core), since 0.9.49 not cifar10-15 (0.9.41's), since 0.9.50 not cifar10-16
 (0.9.42's), since 0.9.51 not cifar10-17 (0.9.43's), since 0.9.52 not cifar10-18 (0.9.44's), since
-0.9.53 not cifar10-19 (0.9.45's), since 0.9.54 not cifar10-20 (0.9.46's), and since 0.9.56 not
-cifar10-21 (0.9.47's). Their files (the three float32 ones, cifar10-x1 to -x22, photo-x1) must get one
-error naming the release and the commit that have the model, and must decode with the model file taken
-from that commit.
+0.9.53 not cifar10-19 (0.9.45's), since 0.9.54 not cifar10-20 (0.9.46's), since 0.9.56 not
+cifar10-21 (0.9.47's), and since 0.9.58 not cifar10-22 (0.9.48's). Their files (the three float32 ones,
+cifar10-x1 to -x23, photo-x1) must get one error naming the release and the commit that have the model,
+and must decode with the model file taken from that commit.
 """
 import importlib.util
 import re

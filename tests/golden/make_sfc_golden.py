@@ -131,7 +131,7 @@ CASES = {
     # cifar10-21 in the zoo, retired in 0.9.56)
     "cifar10-x23": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.49: the cifar10 of 0.9.49 (0.9.48's trained on for 55 more minutes the same way, from its
-    # shipped weights; 0.9.48's is cifar10-22 in the zoo now)
+    # shipped weights; 0.9.48's was cifar10-22 in the zoo, retired in 0.9.58)
     "cifar10-x24": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.50: the cifar10 of 0.9.50 (0.9.49's trained on for 65 more minutes the same way, resumed from
     # its run; 0.9.49's is cifar10-23 in the zoo now)
@@ -151,6 +151,9 @@ CASES = {
     # 0.9.56: the cifar10 of 0.9.56 (0.9.54's trained on for 68 more minutes the same way, resumed
     # from its run; 0.9.54's is cifar10-28 in the zoo now)
     "cifar10-x30": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.58: the cifar10 of 0.9.58 (0.9.56's trained on for 68 more minutes the same way, resumed
+    # from its run; 0.9.56's is cifar10-29 in the zoo now)
+    "cifar10-x31": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
