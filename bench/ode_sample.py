@@ -18,8 +18,8 @@ probe's, which does not shrink as the sample grows).
 
 `run` draws the sample (the first --n of `numpy.random.default_rng(--seed).permutation(N)`, or the
 order in --indices, a .npy of image indices), writes it to DIR as parts of --part images
-(partNNN.npz) and evaluates part k with `sfcodec eval PART --model M --seed 1000+k --json`
-(partNNN.json), --workers processes at a time, each with OMP_NUM_THREADS=--threads. It can be
+(partNNN.npz) and evaluates part k with `sfcodec eval PART --model M --seed S+k --json`
+(partNNN.json; S is --draw-seed, 1000 by default), --workers processes at a time, each with OMP_NUM_THREADS=--threads. It can be
 stopped and started again (a part is claimed by a partNNN.lock folder holding the run's process id; a
 killed run's parts are taken again), stops starting parts after --minutes, or when a file DIR/STOP
 appears (the parts under way finish). DIR/manifest.json records the data set, the model, the sample
@@ -32,6 +32,9 @@ probe's error is largely the same for different CIFAR-10 images (mean ODE NLL mi
 the part, 0.9.56's 80-image sample: +0.031, -0.046, -0.001, -0.073, each +- 0.009), so such a
 sample's mean carried the error of only part-size draws. `show` reads those samples too, with
 standard errors over their sets of draws (estimate.weighted_mean's groups); `run` does not add to them.
+The same holds across samples: two samples whose estimates are to be pooled must not share draws, so
+give the second another --draw-seed (at least the first one's number of parts above it; 0.9.59's
+sample of 0.9.58's `cifar10` took 2000, 0.9.57's 1000).
 
 `show` reads the parts that are done: each image's ODE NLL and its own bound (1000 time samples),
 their means with standard errors over the sample, and with --bound (eval JSONs of every image of the
@@ -67,7 +70,7 @@ from scoreflow_codec.estimate import weighted_mean  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
-PART_SEED = 1000  # part k evaluates with --seed PART_SEED + k: no two images of a sample share their draws
+PART_SEED = 1000  # part k evaluates with --seed PART_SEED + k (--draw-seed): no two images of a sample share their draws
 
 
 class SampleError(Exception):
@@ -92,7 +95,7 @@ def _manifest(args, total: int) -> dict:
     eval_args = ["--rtol", str(args.rtol), "--atol", str(args.atol), "--probes", str(args.probes),
                  "--n-t", str(args.n_t)]
     parts = [{"name": _part_name(k // args.part), "indices": [int(i) for i in order[k:k + args.part]],
-              "seed": PART_SEED + k // args.part} for k in range(0, len(order), args.part)]
+              "seed": args.draw_seed + k // args.part} for k in range(0, len(order), args.part)]
     return {"data": args.data, "total": total, "model": args.model, "eval_args": eval_args, "parts": parts}
 
 
@@ -125,6 +128,8 @@ def run(args) -> int:
         raise SampleError(str(e)) from None
     if args.n < 1 or args.part < 1 or args.workers < 1:
         raise SampleError("--n, --part and --workers must be positive")
+    if args.draw_seed < 0:
+        raise SampleError("--draw-seed must be 0 or more")
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     want = _manifest(args, len(imgs))
@@ -305,6 +310,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--n", type=int, default=160, help="images in the sample")
     r.add_argument("--seed", type=int, default=20261204, help="the sample's permutation")
     r.add_argument("--indices", default=None, help="a .npy of image indices: the sample, in this order")
+    r.add_argument("--draw-seed", type=int, default=PART_SEED,
+                   help="part k draws its numbers with eval's --seed DRAW_SEED+k; samples to be pooled need draws "
+                        "of their own (no two parts of theirs with the same seed)")
     r.add_argument("--part", type=int, default=8, help="images per eval process")
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each eval process")

@@ -693,6 +693,16 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     assert [(work / f"{p['name']}.json").stat().st_mtime_ns for p in man["parts"]] == stamp
     assert ode_sample(["run", str(work), *common, "--n", "4"]) == 2  # another sample: refused
     assert "holds another sample" in capsys.readouterr().err
+    assert ode_sample(["run", str(work), *common, "--draw-seed", "2000"]) == 2  # other draws: another sample too
+    assert "holds another sample" in capsys.readouterr().err
+    # a second sample to be pooled with the first takes draws of its own (STOP: only its manifest is written)
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "STOP").write_text("")
+    assert ode_sample(["run", str(second), *common, "--draw-seed", "2000"]) == 0
+    assert [p["seed"] for p in json.loads((second / "manifest.json").read_text())["parts"]] == [2000, 2001]
+    assert ode_sample(["run", str(second), *common, "--draw-seed", "-1"]) == 2
+    assert "--draw-seed must be 0 or more" in capsys.readouterr().err
     # every image's bound, as eval writes it, in two files
     bound = tmp_path / "b.json"
     bound.write_text(json.dumps({"rows": [{"bound_bpd": 10.0 + k + 0.1 * k * k} for k in range(5)]}))
