@@ -19,11 +19,12 @@ probe's, which does not shrink as the sample grows).
 `run` draws the sample (the first --n of `numpy.random.default_rng(--seed).permutation(N)`, or the
 order in --indices, a .npy of image indices), writes it to DIR as parts of --part images
 (partNNN.npz) and evaluates part k with `sfcodec eval PART --model M --seed S+k --json`
-(partNNN.json; S is --draw-seed, 1000 by default), --workers processes at a time, each with OMP_NUM_THREADS=--threads. It can be
-stopped and started again (a part is claimed by a partNNN.lock folder holding the run's process id; a
-killed run's parts are taken again), stops starting parts after --minutes, or when a file DIR/STOP
-appears (the parts under way finish). DIR/manifest.json records the data set, the model, the sample
-and eval's options; a second `run` on the same DIR must name the same ones.
+(partNNN.json; S is --draw-seed, 1000 by default), --workers processes at a time, each with
+OMP_NUM_THREADS=--threads. It can be stopped and started again (a part is claimed by a partNNN.lock
+folder holding the run's process id; a killed run's parts are taken again), stops starting parts after
+--minutes, or when a file DIR/STOP appears (the parts under way finish). DIR/manifest.json records the
+data set, the model, the sample, each part's seed and eval's options; a second `run` on the same DIR
+must name the same ones.
 
 Why a seed per part: eval draws each image's numbers (its dequantization, time samples, noise, the
 Hutchinson probe) from one stream per process, so with one seed for every part, as until 0.9.56, the
@@ -33,8 +34,8 @@ the part, 0.9.56's 80-image sample: +0.031, -0.046, -0.001, -0.073, each +- 0.00
 sample's mean carried the error of only part-size draws. `show` reads those samples too, with
 standard errors over their sets of draws (estimate.weighted_mean's groups); `run` does not add to them.
 The same holds across samples: two samples whose estimates are to be pooled must not share draws, so
-give the second another --draw-seed (at least the first one's number of parts above it; 0.9.59's
-sample of 0.9.58's `cifar10` took 2000, 0.9.57's 1000).
+give the second another --draw-seed (at least the first one's number of parts above it; the sample
+of 0.9.58's `cifar10`, taken after its ship, took 2000; 0.9.57's of the `cifar10` before it, 1000).
 
 `show` reads the parts that are done: each image's ODE NLL and its own bound (1000 time samples),
 their means with standard errors over the sample, and with --bound (eval JSONs of every image of the
@@ -70,7 +71,8 @@ from scoreflow_codec.estimate import weighted_mean  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
-PART_SEED = 1000  # part k evaluates with --seed PART_SEED + k (--draw-seed): no two images of a sample share their draws
+PART_SEED = 1000  # --draw-seed's default: part k evaluates with --seed PART_SEED + k, so no two images of a
+# sample share their draws
 
 
 class SampleError(Exception):
@@ -142,7 +144,8 @@ def run(args) -> int:
                               "run new samples in another DIR")
         if {k: have.get(k) for k in want} != want:
             raise SampleError(f"{out} holds another sample (its {MANIFEST}: {have['data']}, {have['model']}, "
-                              f"{sum(len(p['indices']) for p in have['parts'])} images): use another DIR")
+                              f"{sum(len(p['indices']) for p in have['parts'])} images, --draw-seed "
+                              f"{have['parts'][0]['seed'] if have['parts'] else PART_SEED}): use another DIR")
     else:
         path.write_text(json.dumps(want, indent=1))
     for p in want["parts"]:

@@ -694,7 +694,8 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     assert ode_sample(["run", str(work), *common, "--n", "4"]) == 2  # another sample: refused
     assert "holds another sample" in capsys.readouterr().err
     assert ode_sample(["run", str(work), *common, "--draw-seed", "2000"]) == 2  # other draws: another sample too
-    assert "holds another sample" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds another sample" in err and "--draw-seed 1000)" in err  # the message names the draws it has
     # a second sample to be pooled with the first takes draws of its own (STOP: only its manifest is written)
     second = tmp_path / "second"
     second.mkdir()
