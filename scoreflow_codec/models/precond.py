@@ -58,12 +58,15 @@ class ScoreModel(nn.Module):
             c_skip, c_out = torch.zeros_like(t), torch.ones_like(t)
         return dict(c_in=c_in, c_noise=c_noise, c_skip=c_skip, c_out=c_out, sigma=sigma)
 
-    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor, features: Tensor | None = None) -> Tensor:
+        """eps_hat; `features`, where given, go to the net with its input (a context model's,
+        models/context.py)."""
         if t.dim() == 0:
             t = t.expand(x.shape[0])
         c = {k: v.to(x.dtype) for k, v in self.coefficients(t).items()}
         view = (-1,) + (1,) * (x.dim() - 1)
-        out = self.net(c["c_in"].view(view) * x, c["c_noise"])
+        args = () if features is None else (features,)
+        out = self.net(c["c_in"].view(view) * x, c["c_noise"], *args)
         if self.precond.gaussian_skip:
             out = c["c_skip"].view(view) * x + c["c_out"].view(view) * out
         return out

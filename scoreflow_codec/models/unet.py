@@ -227,13 +227,15 @@ class UNet(nn.Module):
         if cfg.zero_init_out:
             _zero(self.conv_out)
 
-    def forward(self, x: Tensor, noise_cond: Tensor) -> Tensor:
+    def forward(self, x: Tensor, noise_cond: Tensor, features: Tensor | None = None) -> Tensor:
+        """`features` [N, channels, H, W], where given, are added to conv_in's output (models/context.py)."""
         cfg = self.config
         k = 2 ** (cfg.levels - 1)
         if x.shape[-1] % k or x.shape[-2] % k:
             raise ValueError(f"H and W must be multiples of {k}; got {tuple(x.shape[-2:])}")
         temb = self.temb(self.embed(noise_cond.to(x.dtype)))
-        h = traverse(self.conv_in(x), temb, self.down, self.mid, self.up)
+        h = self.conv_in(x)
+        h = traverse(h if features is None else h + features, temb, self.down, self.mid, self.up)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
