@@ -209,7 +209,9 @@ def evaluate(out: Path, files: list[str], arms=EVAL_ARMS, model_name: str = "pho
              margin: int = 16, region: int = 128, n_t: int = 32, seed: int = 0, step: int | None = None) -> dict:
     from trainer.data import codec_pixels
 
-    loaded = {a: load_arm(out, "start" if a == "window" else a, model_name, margin, step) for a in arms}
+    sources = {a: "start" if a == "window" else a for a in arms}  # "window" runs the start model
+    models = {src: load_arm(out, src, model_name, margin, step) for src in set(sources.values())}
+    loaded = {a: models[sources[a]] for a in arms}
     rows = []
     for i, f in enumerate(files):
         win = region_windows(codec_pixels(Path(f)), tile, margin, region)

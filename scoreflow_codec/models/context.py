@@ -60,6 +60,14 @@ def known_mask(n: int, tile: int, margin: int, top: Tensor, left: Tensor) -> Ten
     return known.unsqueeze(1).float()
 
 
+def window_tile(shape, margin: int) -> int:
+    """The tile size T of a [N, C, T + m, T + m] window; ValueError for any other shape."""
+    h, w = shape[-2:]
+    if h != w or h <= margin:
+        raise ValueError(f"a context window is square and larger than the margin {margin}, not {h}x{w}")
+    return h - margin
+
+
 class ContextEncoder(nn.Module):
     """[N, C + 1, T + m, T + m] context channels -> [N, features, T, T] (the module docstring)."""
 
@@ -112,11 +120,8 @@ class ContextScoreModel(ScoreModel):
     def context(self, window_uint8: Tensor, top: Tensor, left: Tensor) -> Tensor:
         """The encoder's input [N, C + 1, T + m, T + m] from the uint8 window [N, C, T + m, T + m] (its
         tile part is ignored) and which neighbours are known ([N] bool each)."""
-        n, _, h, w = window_uint8.shape
-        if h != w or h <= self.margin:
-            raise ValueError(f"a context window is square and larger than the margin {self.margin}, "
-                             f"not {h}x{w}")
-        known = known_mask(n, h - self.margin, self.margin, top, left).to(window_uint8.device)
+        tile = window_tile(window_uint8.shape, self.margin)
+        known = known_mask(len(window_uint8), tile, self.margin, top, left).to(window_uint8.device)
         values = pixels.to_model(window_uint8, torch.full(window_uint8.shape, 0.5, device=window_uint8.device))
         return torch.cat([values * known, known], dim=1)
 
@@ -163,9 +168,7 @@ class WindowContext:
 
     def __init__(self, model: ScoreModel, dequantizer, window_uint8: Tensor, margin: int,
                  generator: torch.Generator | None = None):
-        n, c, h, w = window_uint8.shape
-        if h != w or h <= margin:
-            raise ValueError(f"a context window is square and larger than the margin {margin}, not {h}x{w}")
+        window_tile(window_uint8.shape, margin)
         self.model, self.sde, self.precond, self.margin = model, model.sde, model.precond, int(margin)
         with torch.no_grad():
             u, _ = dequantizer.sample(window_uint8, generator=generator)
@@ -178,9 +181,8 @@ class WindowContext:
             raise ValueError(f"windows {tuple(self.y.shape)} with margin {m}, called on tiles {tuple(x.shape)}")
         if t.dim() == 0:
             t = t.expand(x.shape[0])
-        alpha, sigma = self.sde.marginal_coeffs(torch.as_tensor(t).to(torch.float64))
-        view = (-1, 1, 1, 1)
-        win = alpha.to(x.dtype).view(view) * self.y.to(x.dtype) + sigma.to(x.dtype).view(view) * self.z.to(x.dtype)
+        mean, std = self.sde.marginal_prob(self.y.to(x.dtype), t)
+        win = mean + std.view(-1, 1, 1, 1) * self.z.to(x.dtype)
         win[:, :, m:, m:] = x
         return self.model(win, t)[:, :, m:, m:]
 
