@@ -134,10 +134,10 @@ CASES = {
     # shipped weights; 0.9.48's was cifar10-22 in the zoo, retired in 0.9.58)
     "cifar10-x24": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.50: the cifar10 of 0.9.50 (0.9.49's trained on for 65 more minutes the same way, resumed from
-    # its run; 0.9.49's is cifar10-23 in the zoo now)
+    # its run; 0.9.49's was cifar10-23 in the zoo, retired in 0.9.59)
     "cifar10-x25": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.51: the cifar10 of 0.9.51 (0.9.50's trained on for 55 more minutes the same way, from its
-    # shipped weights; 0.9.50's is cifar10-24 in the zoo now)
+    # shipped weights; 0.9.50's was cifar10-24 in the zoo, retired in 0.9.59)
     "cifar10-x26": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
     # 0.9.52: the cifar10 of 0.9.52 (0.9.51's trained on for 55 more minutes the same way, resumed
     # from its run; 0.9.51's is cifar10-25 in the zoo now)
@@ -154,6 +154,9 @@ CASES = {
     # 0.9.58: the cifar10 of 0.9.58 (0.9.56's trained on for 68 more minutes the same way, resumed
     # from its run; 0.9.56's is cifar10-29 in the zoo now)
     "cifar10-x31": ("cifar10", [(32, 32)] * 6, ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.59: the photo model of 0.9.59, preset small (0.9.58's cifar10 fine-tuned on natural/ crops;
+    # 0.9.9 - 0.9.58's photo is photo-5 in the zoo now)
+    "photo-x6": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
