@@ -172,6 +172,13 @@ def _run_label(mode: str, m) -> str:
     return f"{mode}, model {m.name}; " if m is not None else ""
 
 
+def _needed_why() -> str:
+    """What a saving must pay for before --fallback auto codes the model's stream (api._saving_needed)."""
+    from scoreflow_codec import api
+
+    return f"what its stream adds and {100 * api.SAVING_MIN_FRACTION:g}% of the seed codec's bits, for its minutes"
+
+
 def _coded_by(rep, seed_tiles: str = "chosen") -> str:
     """What wrote the file, for the summary lines (seed_tiles: --seed-tiles)."""
     if rep.coded_by == "model":
@@ -197,18 +204,18 @@ def _coded_by(rep, seed_tiles: str = "chosen") -> str:
             return ("seed codec alone; the model's stream was not coded: the model is not expected to be cheaper "
                     "than the seed codec on any tile (--fallback both codes it anyway)")
         return (f"seed codec alone; the model's stream was not coded: the model is expected to save "
-                f"{sv.bits:.0f} bits on {sv.tiles} tile(s), less than the {sv.needed:.0f} its stream adds "
-                f"(--fallback both codes it anyway)")
+                f"{sv.bits:.0f} bits on {sv.tiles} tile(s), less than the {sv.needed:.0f} it must save "
+                f"({_needed_why()}; --fallback both codes it anyway)")
     if rep.model_skipped == "small":
         return (f"seed codec alone; the model's stream was not coded: the seed codec codes the image's colour "
                 f"in {rep.model_saving.upper:.0f} bits, fewer than the {rep.model_saving.needed:.0f} the model's "
-                f"stream adds (--fallback both codes it anyway)")
+                f"stream must save ({_needed_why()}; --fallback both codes it anyway)")
     if rep.model_skipped in ("sample", "screen"):
         sv = rep.model_saving
         look = "a quick look at" if rep.model_skipped == "screen" else "from"
         return (f"seed codec alone; the model's stream was not coded: {look} {sv.sampled} tiles drawn at random, "
                 f"the model is expected to save {sv.bits:.0f} bits (at most {sv.upper:.0f}), less than the "
-                f"{sv.needed:.0f} its stream adds (--fallback both codes it anyway)")
+                f"{sv.needed:.0f} it must save ({_needed_why()}; --fallback both codes it anyway)")
     if rep.model_skipped == "seed only":
         return "seed codec alone (--fallback seed)"
     if rep.model_skipped == "grey":

@@ -146,8 +146,9 @@ class CompressReport:
     # expected to code more cheaply save too little), "sample" (the same, extrapolated from a sample of
     # tiles of a large photograph, sample_saving, even at SAMPLE_Z standard errors above), "screen" (the
     # same from a quicker look at fewer tiles, screen_saving: photographs, streams), "small" (the same
-    # without a look: the seed codec's bits on the colour tiles are fewer than SAVING_MIN_BITS, so
-    # the model could not save that many even at 0 bits a tile), "no colour planes" (only palette index planes,
+    # without a look: the seed codec's bits on the colour tiles are fewer than the saving needed,
+    # SAVING_MIN_BITS and SAVING_MIN_FRACTION of them, so the model could not save that many even at
+    # 0 bits a tile), "no colour planes" (only palette index planes,
     # which the seed codec codes either way), "grey" (fallback "auto", every image grey: compress),
     # "seed only" (fallback "seed": not asked for)
     model_skipped: str | None = None
@@ -336,7 +337,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     sizes in the report (model_bytes, seed_bytes); "auto" (or True), the seed codec's file first,
     then the model's stream only where it promises a smaller file: with seed tiles in the image's
     context (compress's default), where the tiles that the model is expected to code more cheaply
-    than the seed codec's share of them save more than the stream adds (expected_saving, from
+    than the seed codec's share of them save more than the stream adds and SAVING_MIN_FRACTION of the
+    seed codec's bits, a saving worth the stream's minutes (expected_saving, from
     tile_model_bits: the float32 network, about a minute on a Kodak image, where the stream takes
     minutes; on RGB images of more than SAMPLE_ABOVE_PIXELS in all, only where a sample of the tiles
     promises such a saving, sample_saving); with seed tiles each alone, where the model's bound over the images (FALLBACK_N_T time
@@ -464,8 +466,9 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
                 # at most the seed codec's bits on the colour tiles are saved: an icon's do not pay for
                 # the model's stream, and its estimate (a whole tile's network calls) is not run
                 most = float(np.sum(seed_tile_bits[rgb]))
-                if most < SAVING_MIN_BITS:
-                    saving, skipped = Saving(most, 0, SAVING_MIN_BITS, upper=most), "small"
+                needed = _saving_needed(len(refs), 0, _seed_total(seed_tile_bits))
+                if most < needed:
+                    saving, skipped = Saving(most, 0, needed, upper=most), "small"
         if skipped is None:
             estimating()
             tile_bits = tile_model_bits(sources, model, ss.tile, device, codec.excess_bits_per_dim(), seed_tile_bits)
@@ -506,8 +509,17 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
 # fallback "auto" with seed tiles in the image's context: the model's stream is coded only if the
 # tiles that the model is expected to code more cheaply than the seed codec save this many bits
 # beyond the flags that name them (about what the model's stream adds to the header: the model,
-# the setup, its settings)
+# the setup, its settings), plus SAVING_MIN_FRACTION of the seed codec's bits on the stream's tiles
 SAVING_MIN_BITS = 1024.0
+# 0.9.60: a saving must also be worth its time. The model's stream takes minutes to code and to decode
+# where the seed codec's file takes seconds, and since 0.9.59's small photo model its bound lies near
+# the seed codec's share on many photograph tiles: on the 2-core Intel Xeon (bench/screen_spread.py,
+# one thread), the full estimate of a Kodak image took 150 - 280 s and found kodim14, 15 and 22 to
+# save 5,812, 4,142 and 3,626 bits (0.1 - 0.2% of their files), kodim13, 04 and 05 99 - 933 bits,
+# where the seed codec's file takes about 35 s and decodes in 13. The stream is coded only where it
+# saves at least this share of the seed codec's bits too (1% of a Kodak file: about 30,000 bits);
+# `--fallback both` still codes both and keeps the smaller file, whatever the saving
+SAVING_MIN_FRACTION = 0.01
 
 
 # fallback "auto" on more than SAMPLE_ABOVE_PIXELS (a large photograph): before the estimate of every
@@ -535,9 +547,10 @@ class Saving:
     upper: float | None = None  # a sample's bits plus SAMPLE_Z standard errors
 
 
-def _saving_needed(n: int, k: int) -> float:
-    """SAVING_MIN_BITS plus the flags that name k seed tiles of n."""
-    return SAVING_MIN_BITS + (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+def _saving_needed(n: int, k: int, seed_bits: float) -> float:
+    """SAVING_MIN_BITS, SAVING_MIN_FRACTION of the seed codec's bits on the n tiles (seed_bits) and the
+    flags that name k seed tiles of n."""
+    return SAVING_MIN_BITS + SAVING_MIN_FRACTION * seed_bits + (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
 
 
 def _is_rgb(src: imgs.SourceImage) -> bool:
@@ -573,11 +586,17 @@ def _sample_first(sources: list[imgs.SourceImage]) -> bool:
     return sum(s.color.shape[1] * s.color.shape[2] for s in sources if _is_rgb(s)) > SAMPLE_ABOVE_PIXELS
 
 
+def _seed_total(seed_tile_bits: np.ndarray) -> float:
+    """The seed codec's bits over the stream's tiles (what SAVING_MIN_FRACTION is a share of)."""
+    b = np.asarray(seed_tile_bits, np.float64)
+    return float(b[np.isfinite(b)].sum())
+
+
 def expected_saving(seed_tile_bits: np.ndarray, model_bits: np.ndarray) -> Saving:
     """Saving for these per-tile costs (NaN model bits: no estimate, counted as no saving)."""
     gain = np.nan_to_num(np.asarray(seed_tile_bits) - np.asarray(model_bits), nan=0.0)
     k, n = int((gain > 0).sum()), len(gain)
-    return Saving(float(gain[gain > 0].sum()), k, _saving_needed(n, k))
+    return Saving(float(gain[gain > 0].sum()), k, _saving_needed(n, k, _seed_total(seed_tile_bits)))
 
 
 def sample_saving(sources: list[imgs.SourceImage], model, ss: stream.StreamSettings, device: str = "cpu",
@@ -626,7 +645,7 @@ def _sampled_saving(sources, model, ss: stream.StreamSettings, device: str, exce
     se = n * float(gain.std(ddof=1)) / math.sqrt(m) * math.sqrt(1 - m / n) if 1 < m < n else 0.0
     k = int(round(scale * float(p.sum())))
     bits = scale * float(gain.sum())
-    return Saving(bits, k, _saving_needed(len(refs), k), m, bits + z * se)
+    return Saving(bits, k, _saving_needed(len(refs), k, _seed_total(seed)), m, bits + z * se)
 
 
 FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"

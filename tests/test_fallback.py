@@ -162,12 +162,17 @@ def test_auto_skips_the_model_only_where_it_saves_too_little(model):
                              phase=stages.append)
     assert stages == ["seed codec", "model estimate"]
     assert rep.model_bytes is None and rep.coded_by == "seed" and rep.model_skipped == "saving"
-    assert rep.model_saving.tiles == 0 and rep.model_saving.bits == 0 and rep.model_saving.needed == api.SAVING_MIN_BITS
+    assert rep.model_saving.tiles == 0 and rep.model_saving.bits == 0
+    # what is needed: SAVING_MIN_BITS and SAVING_MIN_FRACTION of the seed codec's shares of the tiles, whose sum
+    # is about the seed codec's file less its header (independently: the file's size, 10% either way)
+    frac_bits = rep.model_saving.needed - api.SAVING_MIN_BITS
+    assert frac_bits == pytest.approx(api.SAVING_MIN_FRACTION * 8 * rep.seed_bytes, rel=0.1)
     assert sum(ticks) == api.compress_work_units(ramp, model, "ode", SETTINGS)  # the bar completes
     assert data == api.compress(ramp, model, "ode", SETTINGS, fallback="both")[0]
     assert "not expected to be cheaper than the seed codec on any tile" in cli_main._coded_by(rep)
     rep.model_saving = api.Saving(bits=40.0, tiles=2, needed=1024.0)  # cheaper on some, by too little
-    assert "expected to save 40 bits on 2 tile(s), less than the 1024 its stream adds" in cli_main._coded_by(rep)
+    assert ("expected to save 40 bits on 2 tile(s), less than the 1024 it must save (what its stream adds and 1% "
+            "of the seed codec's bits, for its minutes;") in cli_main._coded_by(rep)
     api.check_identical(ramp, api.decompress(data, model))
 
 
@@ -188,7 +193,8 @@ def test_an_icon_whose_seed_bits_cannot_pay_for_the_models_stream_is_not_estimat
     assert 0 < rep.model_saving.upper < api.SAVING_MIN_BITS < seed_bits  # the file's bits with its header
     assert data == api.compress(tiny, model, "ode", SETTINGS, fallback="both")[0]
     said = cli_main._coded_by(rep)
-    assert f"codes the image's colour in {rep.model_saving.upper:.0f} bits, fewer than the 1024" in said
+    assert rep.model_saving.needed == pytest.approx(api.SAVING_MIN_BITS + api.SAVING_MIN_FRACTION * rep.model_saving.upper)
+    assert f"codes the image's colour in {rep.model_saving.upper:.0f} bits, fewer than the 1032" in said
     api.check_identical(tiny, api.decompress(data, model))
     ticks = []
     assert api.compress([images.from_array(_gradient())], model, "ode", SETTINGS, fallback="auto",
@@ -202,13 +208,44 @@ def test_an_icon_whose_seed_bits_cannot_pay_for_the_models_stream_is_not_estimat
     assert calls == []
     calls.clear()
     monkeypatch.setattr(api, "SAVING_MIN_BITS", rep.model_saving.upper - 1)  # just above: estimated
+    monkeypatch.setattr(api, "SAVING_MIN_FRACTION", 0.0)
     assert api.compress(tiny, model, "ode", SETTINGS, fallback="auto")[1].model_skipped == "saving"
     assert calls == [1]
 
 
+def test_a_saving_must_also_be_a_share_of_the_seed_codecs_bits(model, monkeypatch):
+    """0.9.60: "auto" codes the model's stream only where the saving also reaches SAVING_MIN_FRACTION of
+    the seed codec's bits on the stream's tiles (stream.tile_seed_bits, the shares "auto" compares
+    with): on an image where the model saves, a fraction just above what it saves writes the seed
+    codec's file (the bytes "both" compares against), and the summary says why; just below, the
+    model's stream as before."""
+    from cli import main as cli_main
+    from scoreflow_codec.coding import stream
+
+    src = [images.from_array(_in_distribution(model))]
+    data, rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
+    sv = rep.model_saving
+    assert rep.coded_by == "model" and sv.bits > sv.needed
+    ss = api.default_stream_settings(model)
+    refs = api._tile_refs(src, ss.tile)
+    seed_total = float(stream.tile_seed_bits([stream.StreamImage(s.color, s.extra) for s in src], refs, ss).sum())
+    flags = api._saving_needed(len(refs), sv.tiles, 0.0)
+    assert sv.needed == pytest.approx(flags + api.SAVING_MIN_FRACTION * seed_total)
+    monkeypatch.setattr(api, "SAVING_MIN_FRACTION", (sv.bits - flags) / seed_total * 1.01)
+    seed_data, seed_rep = api.compress(src, model, "ode", SETTINGS, fallback="auto")
+    assert seed_rep.model_skipped == "saving" and seed_rep.coded_by == "seed" and len(seed_data) == rep.seed_bytes
+    assert seed_rep.model_saving.bits == pytest.approx(sv.bits) and seed_rep.model_saving.needed > sv.bits
+    assert "it must save (what its stream adds and" in cli_main._coded_by(seed_rep)
+    api.check_identical(src, api.decompress(seed_data, model))
+    monkeypatch.setattr(api, "SAVING_MIN_FRACTION", (sv.bits - flags) / seed_total * 0.99)
+    assert api.compress(src, model, "ode", SETTINGS, fallback="auto")[0] == data
+
+
 def test_expected_saving_counts_the_cheaper_tiles_and_their_flags():
     sv = api.expected_saving(np.array([10.0, 50.0, 30.0, 7.0]), np.array([20.0, 20.0, np.nan, 6.0]))
-    assert sv.bits == 31.0 and sv.tiles == 2 and sv.needed == pytest.approx(api.SAVING_MIN_BITS + np.log2(6))
+    assert sv.bits == 31.0 and sv.tiles == 2
+    assert sv.needed == pytest.approx(api.SAVING_MIN_BITS + api.SAVING_MIN_FRACTION * 97 + np.log2(6))
+    assert api.SAVING_MIN_FRACTION == 0.01  # 1% of the seed codec's bits (api: a saving worth the stream's minutes)
 
 
 def _tile_context(model):
@@ -443,7 +480,7 @@ def test_sample_saving_extrapolates_a_random_sample_of_tiles(model, monkeypatch)
     se = 30 * gain.std(ddof=1) / np.sqrt(8) * np.sqrt(1 - 8 / 30)
     assert sv.sampled == 8 and sv.bits == pytest.approx(30 / 8 * gain.sum())
     assert sv.tiles == round(30 / 8 * (gain > 0).sum()) and sv.upper == pytest.approx(sv.bits + api.SAMPLE_Z * se)
-    assert sv.needed == pytest.approx(api.expected_saving(np.ones(30), np.where(np.arange(30) < sv.tiles, 0, 2)).needed)
+    assert sv.needed == pytest.approx(api.expected_saving(seed_bits, np.where(np.arange(30) < sv.tiles, -1, 1e6)).needed)
     monkeypatch.setattr(api, "SAMPLE_TILES", 64)
     sv = api.sample_saving(src, model, api.default_stream_settings(model, 32))
     full = api.expected_saving(seed_bits, model_bits)
@@ -549,7 +586,7 @@ def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
     ramp = [images.from_array(_gradient())]  # 40x72: 2,880 pixels, 6 tiles
     rep = _skipped_by_a_look(model, monkeypatch, _gradient(), "sample")
     sv = rep.model_saving
-    assert sv.sampled == 6 and sv.bits == sv.upper == 0 and sv.needed == api.SAVING_MIN_BITS
+    assert sv.sampled == 6 and sv.bits == sv.upper == 0 and sv.needed > api.SAVING_MIN_BITS
     assert "from 6 tiles drawn at random, the model is expected to save 0 bits (at most 0)" in cli_main._coded_by(rep)
     monkeypatch.setattr(api, "SAMPLE_ABOVE_PIXELS", 2880)  # not above it: no sample
     with pytest.raises(pytest.fail.Exception, match="whole image"):
@@ -594,6 +631,7 @@ def test_grey_tiles_beside_colour_ones_are_seed_tiles(model, monkeypatch):
     model coding the grey tiles. "off" (the model's stream only) still gives them to the model. The model
     wins on the colour image here (in distribution) and loses far on the grey ramp: the stream of "auto"
     is the smaller, and decodes to the same pixels."""
+    monkeypatch.setattr(api, "SAVING_MIN_FRACTION", 0.0)  # the flags that name the seed tiles alone
     grey = images.from_array(_gradient(40, 72)[..., 0])  # 2 x 3 tiles of 32px
     srcs = [images.from_array(_in_distribution(model)), grey]  # 4 colour tiles, then 6 grey ones
     assert api.rgb_tiles(srcs, 32).tolist() == [True] * 4 + [False] * 6
@@ -601,7 +639,7 @@ def test_grey_tiles_beside_colour_ones_are_seed_tiles(model, monkeypatch):
     data, rep = api.compress(srcs, model, "ode", SETTINGS, fallback="auto")
     assert rep.coded_by == "model" and rep.model_skipped is None
     sv = rep.model_saving
-    assert sv.bits > sv.needed and sv.tiles <= 4 and sv.needed == pytest.approx(api._saving_needed(10, sv.tiles))
+    assert sv.bits > sv.needed and sv.tiles <= 4 and sv.needed == pytest.approx(api._saving_needed(10, sv.tiles, 0.0))
     assert seen[-1][4:].all()  # every grey tile a seed tile
     api.check_identical(srcs, api.decompress(data, model))
     both, rep_both = api.compress(srcs, model, "ode", SETTINGS, fallback="both")
@@ -632,7 +670,7 @@ def test_the_quick_looks_draw_colour_tiles_beside_grey_ones(model, monkeypatch):
     assert np.array_equal(asked[0], 4 + pick)
     gain = np.maximum(0, seed_bits[4 + pick] - model_bits[4 + pick])
     assert sv.sampled == 8 and sv.bits == pytest.approx(30 / 8 * gain.sum())
-    assert sv.tiles == round(30 / 8 * (gain > 0).sum()) and sv.needed == pytest.approx(api._saving_needed(34, sv.tiles))
+    assert sv.tiles == round(30 / 8 * (gain > 0).sum()) and sv.needed == pytest.approx(api._saving_needed(34, sv.tiles, seed_bits.sum()))
     alone = api.sample_saving([rgb], model, api.default_stream_settings(model, 32))
     assert np.array_equal(asked[1], pick) and alone.sampled == 8  # the same draw (the stand-ins' bits are the set's)
     monkeypatch.setattr(api, "SCREEN_TILES", 30)
