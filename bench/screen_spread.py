@@ -4,7 +4,8 @@
 quick look (api.screen_saving: api.SCREEN_N_T time samples per tile, bfloat16 where fast) and takes
 that look to lie about the full estimate (api.tile_model_bits with the seed codec's bits, as compress
 runs it) with a standard deviation of api.SCREEN_SD_BPD. This script estimates every tile of each
-image both ways, the chain's excess included as compress includes it, and prints per image: the
+image both ways, as compress does in chain mode (the look: the continuous bound plus the chain's
+average excess; the full estimate: the chain's own bound, since 0.9.61), and prints per image: the
 tiles, the look minus the full estimate in bits/dim (mean, standard deviation, largest), the saving
 the full estimate finds and whether it would code the model's stream (api.expected_saving), and
 the screen's own decision. Re-measure the spread whenever a model changes (a model trained longer
@@ -38,14 +39,14 @@ def spread(source, model, tile: int) -> dict:
     ss = api.default_stream_settings(model, tile)
     settings = api.coding_settings("chain", model)
     codec = api._build_codec(model, "chain", settings, api.default_micro_batch(tile), "cpu", "exact64")
-    excess = codec.excess_bits_per_dim()
+    excess, chain = codec.excess_bits_per_dim(), codec.chain_coeffs()
     images = [stream.StreamImage(source.color, source.extra)]
     refs = stream.T.plan_tiles([source.color.shape], tile)
     with shared_analyses():
         seed = stream.tile_seed_bits(images, refs, ss)
-        full = api.tile_model_bits(sources, model, tile, "cpu", excess, seed)
+        full = api.tile_model_bits(sources, model, tile, "cpu", excess, seed, chain=chain)
         look = api.tile_model_bits(sources, model, tile, "cpu", excess, seed, look=api.SCREEN_N_T)
-        screen = api.screen_saving(sources, model, ss, "cpu", excess)
+        screen = api.screen_saving(sources, model, ss, "cpu", excess, chain)
     d = (look - full) / (3 * tile * tile)
     saving = api.expected_saving(seed, full)
     return {"tiles": len(refs), "excess_bpd": excess, "look_minus_full": d.tolist(),

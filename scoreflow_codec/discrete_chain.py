@@ -78,43 +78,108 @@ def gaussian_kl(m1, s1, m2, s2) -> torch.Tensor:
     return kl.flatten(1).sum(1)
 
 
+def step_weights(coeffs: ChainCoeffs, table: dict | None) -> np.ndarray | None:
+    """Each reverse step's expected KL term in nats per dim (calibration.step_nats of the step from
+    log-SNR lambda_{i+1} to lambda_i), chain order: chain_elbo_terms's sampling weights; None without
+    a table (the terms are then not predicted)."""
+    if not table:
+        return None
+    lam = 2.0 * (np.log(coeffs.alpha) - np.log(coeffs.sigma))  # decreasing along the chain
+    return calibration.step_nats(table, lam[1:], lam[:-1])
+
+
+def sample_probs(weights: np.ndarray, k: int) -> np.ndarray:
+    """Inclusion probabilities of a sample of k of len(weights) items proportional to the weights,
+    capped at 1 (the capped ones always drawn, the rest shared out again), summing to k."""
+    w = np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
+    n = len(w)
+    if k >= n:
+        return np.ones(n)
+    if not np.any(w > 0):
+        w = np.ones(n)
+    w = np.where(w > 0, w, w[w > 0].min() * 1e-3)  # every step can be drawn (unbiased)
+    certain = np.zeros(n, dtype=bool)
+    while True:
+        share = (k - certain.sum()) * w / w[~certain].sum()
+        over = ~certain & (share >= 1.0)
+        if not over.any():
+            return np.where(certain, 1.0, share)
+        certain |= over
+
+
 @torch.no_grad()
-def chain_elbo_terms(model, y: torch.Tensor, coeffs: ChainCoeffs, generator=None) -> torch.Tensor:
+def chain_elbo_terms(model, y: torch.Tensor, coeffs: ChainCoeffs, generator=None, steps: int | None = None,
+                     step_weights: np.ndarray | None = None) -> torch.Tensor:
     """Single-sample Monte-Carlo estimate of -ELBO(y) in nats per image (y in model space, float64).
 
     Uses the analytic KL of every step (the usual low-variance form); its expectation is what
-    the chain codec's codelength reaches, up to lattice effects.
+    the chain codec's codelength reaches, up to lattice effects. Each KL term involves one
+    z_{i+1} ~ q(z_{i+1} | y), so the marginals suffice.
+
+    steps: how many of the T - 1 reverse steps' KL terms to evaluate per image (None or T - 1 and
+    more: all, in order), in steps + 1 network calls instead of T. Fewer: a systematic sample with
+    inclusion probabilities pi_i (sample_probs: proportional to step_weights, the steps' expected
+    terms, capped at 1; equal without them), each drawn term weighted 1 / pi_i, so the estimate is
+    unbiased: the steps whose intervals [C_i, C_i + pi_i) on [0, steps) (C: the cumulative sum)
+    hold one of the points u + j, j < steps, u uniform per image; pi_i <= 1, so none twice. The
+    terms are far from equal (on a photo tile of 64 steps, every other step drawn at equal
+    probabilities left 0.19 bits/dim of spread against 0.010 from all): weigh them.
     """
     y = y.to(torch.float64)
-    n = y.shape[0]
+    n, place = y.shape[0], y.device  # the draws and the float64 sums on y's device (generator's too)
     dev = next(iter(model.parameters()), torch.empty(0)).device if hasattr(model, "parameters") else "cpu"
     co = coeffs
+    f64 = {name: torch.from_numpy(np.ascontiguousarray(getattr(co, name), dtype=np.float64)).to(place)
+           for name in ("ts", "alpha", "sigma", "post_xc", "post_std", "rev_std")}
+    last = co.steps - 1  # the reverse steps' KL terms: i = 0 .. last - 1
+
+    def per_image(name: str, i: torch.Tensor) -> torch.Tensor:
+        return f64[name][i].view(-1, *([1] * (y.dim() - 1)))
 
     def eps_at(z, i):
-        tt = torch.full((n,), float(co.ts[i]), dtype=torch.float32, device=dev)
-        return model(z.to(torch.float32).to(dev), tt).to("cpu", torch.float64)
+        tt = f64["ts"][i].to(torch.float32).to(dev)
+        return model(z.to(torch.float32).to(dev), tt).to(place, torch.float64)
 
-    # marginals suffice: each KL term only involves one z_{i+1} ~ q(z_{i+1} | y)
-    zs = [co.alpha[i] * y + co.sigma[i] * torch.randn(y.shape, generator=generator, dtype=torch.float64)
-          for i in range(co.steps)]
-    tau = torch.tensor(co.sigma[0] / co.alpha[0], dtype=torch.float64)
-    yh = x_hat(eps_at(zs[0], 0), zs[0], co.alpha[0], co.sigma[0])
+    def z_at(i):
+        noise = torch.randn(y.shape, generator=generator, dtype=torch.float64, device=place)
+        return per_image("alpha", i) * y + per_image("sigma", i) * noise
+
+    first = torch.zeros(n, dtype=torch.long, device=place)
+    z0 = z_at(first)
+    tau = torch.tensor(co.sigma[0] / co.alpha[0], dtype=torch.float64, device=place)
+    yh = x_hat(eps_at(z0, first), z0, per_image("alpha", first), per_image("sigma", first))
     total = (0.5 * math.log(2 * math.pi) + torch.log(tau) + 0.5 * ((y - yh) / tau) ** 2).flatten(1).sum(1)
-    for i in range(co.steps - 1):
-        z_next = zs[i + 1]
-        yh = x_hat(eps_at(z_next, i + 1), z_next, co.alpha[i + 1], co.sigma[i + 1])
-        m_q = co.post_zc[i] * z_next + co.post_xc[i] * y
-        m_p = co.post_zc[i] * z_next + co.post_xc[i] * yh
-        total += gaussian_kl(m_q, torch.tensor(co.post_std[i], dtype=torch.float64), m_p,
-                             torch.tensor(co.rev_std[i], dtype=torch.float64))
-    s_T = torch.tensor(co.sigma[-1], dtype=torch.float64)
-    total += gaussian_kl(co.alpha[-1] * y, s_T, torch.zeros_like(y), torch.tensor(co.prior_std, dtype=torch.float64))
+    if steps is None or steps >= last:
+        k, inv_pi = last, torch.ones(last, dtype=torch.float64, device=place)
+        idx = torch.arange(last, device=place).expand(n, last)
+    else:
+        k = max(1, int(steps))
+        pi = torch.from_numpy(sample_probs(step_weights if step_weights is not None else np.ones(last), k)).to(place)
+        edges = torch.cumsum(pi, 0)  # step i holds the points in [edges_i - pi_i, edges_i)
+        edges[-1] = float(k)  # the sum's rounding: no point past the last step
+        u = torch.rand(n, generator=generator, dtype=torch.float64, device=place)
+        points = torch.arange(k, dtype=torch.float64, device=place)[None] + u[:, None]
+        idx = torch.searchsorted(edges, points, right=True).clamp(max=last - 1)
+        inv_pi = 1.0 / pi
+    for j in range(k):
+        i = idx[:, j]
+        z_next = z_at(i + 1)
+        yh = x_hat(eps_at(z_next, i + 1), z_next, per_image("alpha", i + 1), per_image("sigma", i + 1))
+        # q's and p's means differ by post_xc (y - y_hat): the rest of the mean (post_zc z_{i+1}) cancels
+        total += inv_pi[i] * gaussian_kl(per_image("post_xc", i) * y, per_image("post_std", i),
+                                      per_image("post_xc", i) * yh, per_image("rev_std", i))
+    s_T = torch.tensor(co.sigma[-1], dtype=torch.float64, device=place)
+    prior_std = torch.tensor(co.prior_std, dtype=torch.float64, device=place)
+    total += gaussian_kl(co.alpha[-1] * y, s_T, torch.zeros_like(y), prior_std)
     return total
 
 
 @torch.no_grad()
-def chain_elbo_bpd(model, x_uint8: torch.Tensor, dequantizer, coeffs: ChainCoeffs, generator=None) -> torch.Tensor:
-    """Bits/dim of the discrete chain's bound on -log P(x) (one u and one chain sample per image)."""
+def chain_elbo_bpd(model, x_uint8: torch.Tensor, dequantizer, coeffs: ChainCoeffs, generator=None,
+                   steps: int | None = None, step_weights: np.ndarray | None = None) -> torch.Tensor:
+    """Bits/dim of the discrete chain's bound on -log P(x) (one u and one chain sample per image;
+    steps, step_weights: chain_elbo_terms's sample of the reverse steps)."""
     u, log_q = dequantizer.sample(x_uint8, generator=generator)
     y = pixels.to_model(x_uint8, u.to(torch.float64))
-    return pixels.nats_to_bpd(chain_elbo_terms(model, y, coeffs, generator) + log_q.to(torch.float64).cpu(), y[0].numel())
+    terms = chain_elbo_terms(model, y, coeffs, generator, steps, step_weights).cpu()
+    return pixels.nats_to_bpd(terms + log_q.to(torch.float64).cpu(), y[0].numel())

@@ -338,8 +338,8 @@ def test_screen_spread(tmp_path, capsys, monkeypatch):
 
     real = api.tile_model_bits
 
-    def tmb(sources, model, tile, device="cpu", excess_bpd=0.0, seed_bits=None, only=None, look=None):
-        out = real(sources, model, tile, device, excess_bpd, seed_bits, only)  # the full estimate
+    def tmb(sources, model, tile, device="cpu", excess_bpd=0.0, seed_bits=None, only=None, look=None, chain=None):
+        out = real(sources, model, tile, device, excess_bpd, seed_bits, only, chain=chain)  # the full estimate
         return out + 0.1 * 3 * tile * tile if look else out
     monkeypatch.setattr(api, "tile_model_bits", tmb)
     Image.fromarray(_image(3, 64, 64)).save(tmp_path / "a.png")

@@ -133,7 +133,7 @@ def test_chain_step_nats_is_the_expected_kl_of_each_step():
     """E[-ELBO] of the calibrated chain on exact Gaussian data = decoder + sum of chain_step_nats + prior
     (closed forms), against a Monte Carlo mean of chain_elbo_terms."""
     from scoreflow_codec.calibration import chain_step_nats, interpolate
-    from scoreflow_codec.discrete_chain import chain_elbo_terms
+    from scoreflow_codec.discrete_chain import chain_elbo_terms, step_weights
 
     model, g = gaussian_model((3, 4, 4))
     table = _exact_gaussian_table(model)
@@ -149,6 +149,46 @@ def test_chain_step_nats_is_the_expected_kl_of_each_step():
         y = model.mu + model.s * torch.randn((20000,) + tuple(model.mu.shape), generator=g, dtype=torch.float64)
         mc = chain_elbo_terms(model, y, co, generator=g)
         assert abs(mc.mean().item() - predicted) < 4 * mc.std().item() / len(mc) ** 0.5 + 1e-3, (schedule, mc.mean().item(), predicted)
+    # a systematic sample of the 11 reverse steps (3, 5: a stride of 11/3, 11/5 steps, not whole) is
+    # unbiased too: its mean is the same closed form
+    co = chain_coeffs(model.sde, 12, schedule="optimized", eps_mse=table)
+    lam = (2 * (np.log(co.alpha) - np.log(co.sigma)))[::-1]
+    dec = 0.5 * np.log(2 * np.pi * (co.sigma[0] / co.alpha[0]) ** 2) + 0.5 * interpolate(table, lam[-1:])[0]
+    p, sT, aT = co.prior_std, co.sigma[-1], co.alpha[-1]
+    prior = np.mean(np.log(p / sT) + (sT ** 2 + aT ** 2 * (mu ** 2 + s ** 2)) / (2 * p ** 2) - 0.5)
+    steps = chain_step_nats(table, lam)
+    predicted = D * (dec + steps.sum() + prior)
+    assert steps.max() > 2 * steps.min()  # unequal terms: a biased sample of them would show
+    for k in (3, 5):
+        y = model.mu + model.s * torch.randn((40000,) + tuple(model.mu.shape), generator=g, dtype=torch.float64)
+        mc = chain_elbo_terms(model, y, co, generator=g, steps=k)
+        assert abs(mc.mean().item() - predicted) < 4 * mc.std().item() / len(mc) ** 0.5 + 1e-3, (k, mc.mean().item(), predicted)
+        # the tolerance tells it from a sample that does not shift (u = 0: the steps floor(j r) alone)
+        r = 11 / k
+        unshifted = D * (dec + r * steps[::-1][np.floor(np.arange(k) * r).astype(int)].sum() + prior)  # chain order
+        assert abs(unshifted - predicted) > 8 * mc.std().item() / len(mc) ** 0.5 + 1e-3, (k, unshifted, predicted)
+        # drawn in proportion to the steps' expected terms (step_weights): unbiased, and a smaller spread
+        w = step_weights(co, table)
+        assert np.allclose(w, steps[::-1], rtol=1e-12)  # the same terms, in chain order
+        pps = chain_elbo_terms(model, y, co, generator=g, steps=k, step_weights=w)
+        assert abs(pps.mean().item() - predicted) < 4 * pps.std().item() / len(pps) ** 0.5 + 1e-3, (k, pps.mean().item())
+        assert pps.std().item() < 0.8 * mc.std().item()
+    assert step_weights(co, None) is None
+
+
+def test_sample_probs_are_proportional_capped_and_sum_to_the_sample():
+    """discrete_chain.sample_probs: inclusion probabilities summing to k, none above 1, the items whose
+    share would pass 1 always drawn and the rest proportional to their weights (a closed case by hand);
+    zero weights keep a small probability (the estimate stays unbiased), equal weights give k / n."""
+    from scoreflow_codec.discrete_chain import sample_probs
+
+    p = sample_probs(np.array([10.0, 1, 1, 1, 1, 1]), 3)  # 10 / 15 x 3 = 2 > 1: drawn; 2 left over 5 equal
+    assert np.allclose(p, [1, 0.4, 0.4, 0.4, 0.4, 0.4])
+    p = sample_probs(np.array([50.0, 20, 4, 2, 1, 1]), 3)  # 50 and then 20 capped; 1 left over 4, 2, 1, 1
+    assert np.allclose(p, [1, 1, 0.5, 0.25, 0.125, 0.125])
+    p = sample_probs(np.array([3.0, 0.0, 1.0]), 2)
+    assert p.sum() == pytest.approx(2) and p[1] > 0 and p.max() <= 1
+    assert np.allclose(sample_probs(np.ones(11), 3), 3 / 11) and np.array_equal(sample_probs(np.ones(4), 4), np.ones(4))
 
 
 def test_calibrated_step_grid():

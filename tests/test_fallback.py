@@ -447,12 +447,56 @@ def test_tile_model_bits_only_estimates_the_tiles_asked_for(model, monkeypatch):
     assert sizes == [(3, 16, "ChannelsLast")]
 
 
+def test_tile_model_bits_in_chain_mode_is_the_chains_own_bound(model, monkeypatch):
+    """0.9.61: with the chain's coefficients (compress in mode "chain", its default) the estimates that
+    decide are the chain's bound per tile, which the excess does not shift: a chain of 6 steps costs
+    far above the continuous bound (what the estimate was before: bound + an average excess, 0 here
+    without a table), and each tile's estimate is one draw of discrete_chain.chain_elbo_bpd over all
+    its steps (5 of them: fewer than the 64 time samples), against a mean of 24 independent draws.
+    compress passes the chain's coefficients in mode "chain" and none in mode "ode"; the quick looks and
+    a first estimate that only picks the tiles to refine stay the continuous bound."""
+    from scoreflow_codec import discrete_chain
+    from scoreflow_codec.coding.pipeline import build_tile_codec
+
+    src = [images.from_array(_in_distribution(model))]  # 4 tiles of 32px
+    refs = api._tile_refs(src, 32)
+    dims = 3 * 32 * 32
+    co = build_tile_codec(model.model, model.dequantizer, model.sde, "chain", {"steps": 6}, 8).chain_coeffs()
+    assert co.steps == 6
+    own = api.tile_model_bits(src, model, 32, excess_bpd=5.0, chain=co) / dims
+    bound = api.tile_model_bits(src, model, 32) / dims
+    x = torch.from_numpy(api.padded_tiles(src, refs, range(4), 32))
+    g = torch.Generator().manual_seed(9)
+    draws = np.array([discrete_chain.chain_elbo_bpd(model.model, x, model.dequantizer, co, g).numpy() for _ in range(24)])
+    sd = draws.std(0, ddof=1)
+    assert np.all(np.abs(own - draws.mean(0)) < 4 * sd + 1e-3), (own, draws.mean(0), sd)
+    assert np.all(draws.mean(0) > bound + 0.5)  # 6 steps: the chain costs well above the continuous bound
+    # compress hands the estimate the chain's coefficients in mode "chain", none in mode "ode"
+    real, seen = api.tile_model_bits, []
+    monkeypatch.setattr(api, "tile_model_bits", lambda *a, **k: seen.append(k.get("chain")) or real(*a, **k))
+    data, rep = api.compress(src, model, "chain", {"steps": 6}, fallback="off")  # the choice of seed tiles
+    # (its codec computes in exactmath's arithmetic: the same times to the last bits)
+    assert len(seen) == 1 and np.allclose(seen[0].ts, co.ts, rtol=1e-12)
+    # the chain of 6 steps is expected at about 95 bits/dim, the seed codec at about 8: every tile is a seed
+    # tile; the continuous bound (about 4.8) gave two of them to the model, and the file came out 2.3 times
+    # larger (the codec's reverse variances adapt per batch, kappa: its tiles cost less than the bound's 95)
+    assert rep.stream.n_seed == rep.stream.n_tiles == 4
+    api.check_identical(src, api.decompress(data, model))
+    monkeypatch.setattr(api, "tile_model_bits", lambda *a, **k: real(*a, **{**k, "chain": None}))
+    before = api.compress(src, model, "chain", {"steps": 6}, fallback="off")
+    assert before[1].stream.n_seed < 4 and len(before[0]) > 2 * len(data)
+    seen.clear()
+    monkeypatch.setattr(api, "tile_model_bits", lambda *a, **k: seen.append(k.get("chain")) or real(*a, **k))
+    assert api.compress(src, model, "ode", SETTINGS, fallback="auto")[1].coded_by == "model"
+    assert seen == [None]
+
+
 def _gains(model, monkeypatch, seed_bits, model_bits):
     """sample_saving with stand-ins for the seed codec's tile bits and the model's: which tiles it asked for."""
     asked, looks = [], []
     monkeypatch.setattr(api.stream, "seed_file_tile_bits", lambda ims, refs, version: np.asarray(seed_bits, float))
 
-    def tmb(sources, m, tile, device, excess, seed, only, look=None):
+    def tmb(sources, m, tile, device, excess, seed, only, look=None, chain=None):
         asked.append(np.asarray(only))
         looks.append(look)
         assert np.array_equal(seed, seed_bits)

@@ -53,6 +53,11 @@ class DensityTileCodec:
     def excess_bits_per_dim(self) -> float:
         return self.flow.excess_bits_per_dim()
 
+    def chain_coeffs(self):
+        """The chain's coefficients (discrete_chain.ChainCoeffs) in mode "chain", else None: what
+        api.tile_model_bits estimates the chain's own cost per tile from."""
+        return self.flow.co if isinstance(self.flow, ChainCodec) else None
+
     def steps_per_batch(self) -> int:
         return steps_per_batch("chain" if isinstance(self.flow, ChainCodec) else "ode", self.flow.s.steps)
 
