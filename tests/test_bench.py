@@ -336,11 +336,14 @@ def test_screen_spread(tmp_path, capsys, monkeypatch):
     from bench.screen_spread import main as screen_spread
     from scoreflow_codec import api
 
-    real = api.tile_model_bits
+    real, full, chains = api.tile_model_bits, [], []
 
     def tmb(sources, model, tile, device="cpu", excess_bpd=0.0, seed_bits=None, only=None, look=None, chain=None):
-        out = real(sources, model, tile, device, excess_bpd, seed_bits, only, chain=chain)  # the full estimate
-        return out + 0.1 * 3 * tile * tile if look else out
+        if look:  # (the script estimates in full first)
+            return full[-1] + 0.1 * 3 * tile * tile
+        chains.append(chain)
+        full.append(real(sources, model, tile, device, excess_bpd, seed_bits, only, chain=chain))
+        return full[-1]
     monkeypatch.setattr(api, "tile_model_bits", tmb)
     Image.fromarray(_image(3, 64, 64)).save(tmp_path / "a.png")
     Image.fromarray(_image(3, 64, 64)[..., 0]).save(tmp_path / "g.png")
@@ -352,6 +355,7 @@ def test_screen_spread(tmp_path, capsys, monkeypatch):
     assert a["full_codes_model"] == (a["full_saving_bits"] >= a["needed_bits"]) and a["excess_bpd"] > 0
     assert r["all"]["tiles"] == 16 and r["all"]["mean"] == pytest.approx(0.1) and r["sd_bpd"] == api.SCREEN_SD_BPD
     assert "all 16 tiles: the look minus the full estimate, mean +0.1000" in capsys.readouterr().out
+    assert len(chains) == 1 and chains[0].steps > 1  # the full estimate as compress's in chain mode (0.9.61)
     assert screen_spread([str(tmp_path / "g.png"), "--model", "cifar10"]) == 2
     assert "not a plain RGB image" in capsys.readouterr().err
 
