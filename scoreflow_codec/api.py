@@ -756,7 +756,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     chain (the chain codec's coefficients, DensityTileCodec.chain_coeffs; compress's default mode):
     the float32 estimates are the chain's own bound per tile (discrete_chain.chain_elbo_bpd, as many
     of its steps as there are time samples, drawn in proportion to their expected terms:
-    step_weights), with no excess_bpd added: what the chain costs on each tile rather than the
+    expected_step_nats), with no excess_bpd added: what the chain costs on each tile rather than the
     continuous bound plus the chain table's average excess (0.9.61: on misc 4.1.06, 256x256
     textures, the chain's bound lay 0.109 bits/dim above the continuous one, on 4.1.08 0.060, where
     the table says 0.080; the 13 model tiles of 4.1.06's stream cost 4.272 bits/dim, the chain's
@@ -775,7 +775,7 @@ def tile_model_bits(sources: list[imgs.SourceImage], model, tile: int, device: s
     step = tiles_like(64, tile)
     n32 = len(rgb) * tile * tile / (32 * 32)
 
-    weights = None if chain is None else discrete_chain.step_weights(chain, _eps_mse(model))
+    weights = None if chain is None else discrete_chain.expected_step_nats(chain, _eps_mse(model))
 
     def estimate(idx: list[int], n_t: int, seed: int, net, own: bool = False) -> None:
         """own: the chain's own bound (chain given, the float32 network), else the continuous one."""

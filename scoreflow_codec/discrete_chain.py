@@ -78,9 +78,9 @@ def gaussian_kl(m1, s1, m2, s2) -> torch.Tensor:
     return kl.flatten(1).sum(1)
 
 
-def step_weights(coeffs: ChainCoeffs, table: dict | None) -> np.ndarray | None:
+def expected_step_nats(coeffs: ChainCoeffs, table: dict | None) -> np.ndarray | None:
     """Each reverse step's expected KL term in nats per dim (calibration.step_nats of the step from
-    log-SNR lambda_{i+1} to lambda_i), chain order: chain_elbo_terms's sampling weights; None without
+    log-SNR lambda_{i+1} to lambda_i), chain order: chain_elbo_terms's step_weights; None without
     a table (the terms are then not predicted)."""
     if not table:
         return None

@@ -133,7 +133,7 @@ def test_chain_step_nats_is_the_expected_kl_of_each_step():
     """E[-ELBO] of the calibrated chain on exact Gaussian data = decoder + sum of chain_step_nats + prior
     (closed forms), against a Monte Carlo mean of chain_elbo_terms."""
     from scoreflow_codec.calibration import chain_step_nats, interpolate
-    from scoreflow_codec.discrete_chain import chain_elbo_terms, step_weights
+    from scoreflow_codec.discrete_chain import chain_elbo_terms, expected_step_nats
 
     model, g = gaussian_model((3, 4, 4))
     table = _exact_gaussian_table(model)
@@ -167,13 +167,13 @@ def test_chain_step_nats_is_the_expected_kl_of_each_step():
         r = 11 / k
         unshifted = D * (dec + r * steps[::-1][np.floor(np.arange(k) * r).astype(int)].sum() + prior)  # chain order
         assert abs(unshifted - predicted) > 8 * mc.std().item() / len(mc) ** 0.5 + 1e-3, (k, unshifted, predicted)
-        # drawn in proportion to the steps' expected terms (step_weights): unbiased, and a smaller spread
-        w = step_weights(co, table)
+        # drawn in proportion to the steps' expected terms (expected_step_nats): unbiased, and a smaller spread
+        w = expected_step_nats(co, table)
         assert np.allclose(w, steps[::-1], rtol=1e-12)  # the same terms, in chain order
         pps = chain_elbo_terms(model, y, co, generator=g, steps=k, step_weights=w)
         assert abs(pps.mean().item() - predicted) < 4 * pps.std().item() / len(pps) ** 0.5 + 1e-3, (k, pps.mean().item())
         assert pps.std().item() < 0.8 * mc.std().item()
-    assert step_weights(co, None) is None
+    assert expected_step_nats(co, None) is None
 
 
 def test_sample_probs_are_proportional_capped_and_sum_to_the_sample():
