@@ -157,6 +157,9 @@ CASES = {
     # 0.9.59: the photo model of 0.9.59, preset small (0.9.58's cifar10 fine-tuned on natural/ crops;
     # 0.9.9 - 0.9.58's photo is photo-5 in the zoo now)
     "photo-x6": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.62: the photo model of 0.9.62 (0.9.59's trained on for 120 more minutes the same way;
+    # 0.9.59 - 0.9.61's photo is photo-6 in the zoo now)
+    "photo-x7": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
