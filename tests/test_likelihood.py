@@ -322,16 +322,20 @@ def test_systematic_bound_is_unbiased_with_less_spread(kind):
 def test_systematic_bound_on_the_shipped_photo_model():
     """What the codec's estimates rely on, on a real network: the shipped `photo` model's bound of
     four textured 64px tiles (a synthetic image: no data needed), 16 times, five draws each way. On
-    the grid the draws spread far less than with independently jittered strata (pooled std 0.21x
-    here, 0.23x before 0.9.57; 0.047 against 0.186 bits/dim on Kodak tiles: the integrand over time is smooth, and its
-    variation within strata was most of the noise), and both estimate the same bound."""
+    the grid the draws spread far less than with independently jittered strata (the integrand over
+    time is smooth, and its variation within strata was most of the noise), and both estimate the
+    same bound. Pooled std, grid against strata: 0.38x here with 0.9.62's `photo` (3.5 bits/dim);
+    on kodim01's four top-left tiles 0.165x with it and with 0.9.59's (now photo-6), 8 draws each
+    (0.021 against 0.130 bits/dim). Until 0.9.62 the image had noise of std 6, 8 bits/dim, near what
+    a uniform model costs: 0.21x with 0.9.59's `photo`, 0.62x with 0.9.62's, a tile the model cannot
+    code, so the noise std is 2 now."""
     from scoreflow_codec import zoo
 
     model = zoo.load_model("photo")
     yy, xx = np.mgrid[0:64, 0:64]
     base = np.stack([96 + 60 * np.sin(xx / 9.0) + 30 * np.cos(yy / 7.0), 128 + 50 * np.cos((xx + yy) / 11.0),
                      80 + xx + yy / 2], 0)
-    noise = np.random.default_rng(0).normal(0, 6, (4, 3, 64, 64))
+    noise = np.random.default_rng(0).normal(0, 2, (4, 3, 64, 64))
     x = torch.from_numpy(np.clip(base[None] + noise, 0, 255).astype(np.uint8))
     draws = {sys_: torch.stack([bound_bpd(model.model, x, model.dequantizer, n_t=16, systematic=sys_,
                                           generator=torch.Generator().manual_seed(s)).double() for s in range(5)])
