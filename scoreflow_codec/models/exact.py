@@ -152,11 +152,7 @@ class _AttnBlock:
     def __call__(self, x: Tensor, temb_act: Tensor | None = None) -> Tensor:
         n, c, h, w = x.shape
         q, k, v = self.qkv(self.norm(x)).reshape(n, 3, c, h * w).unbind(1)
-        s = em.exact_bmm(q.transpose(1, 2), k) * (1.0 / math.sqrt(c))       # [n, q, k]
-        e = em.exp(s - s.amax(-1, keepdim=True))
-        a = e / em.tree_sum(e, -1)[..., None]
-        # rows of a sum to 1 (to rounding): every partial sum of a @ v^T is below max|v|
-        y = em.exact_bmm(a, v.transpose(1, 2), a_sum_bound=torch.full((n,), 1.0, dtype=F64))  # [n, q, c]
+        y = em.attention(q, k, v, 1.0 / math.sqrt(c))  # [n, q, c]
         return _residual(self.out(y.transpose(1, 2).reshape(n, c, h, w)), x, self.skip_rescale)
 
 
