@@ -329,19 +329,36 @@ def test_systematic_bound_on_the_shipped_photo_model():
     (0.021 against 0.130 bits/dim). Until 0.9.62 the image had noise of std 6, 8 bits/dim, near what
     a uniform model costs: 0.21x with 0.9.59's `photo`, 0.62x with 0.9.62's, a tile the model cannot
     code, so the noise std is 2 now."""
-    from scoreflow_codec import zoo
-
-    model = zoo.load_model("photo")
     yy, xx = np.mgrid[0:64, 0:64]
     base = np.stack([96 + 60 * np.sin(xx / 9.0) + 30 * np.cos(yy / 7.0), 128 + 50 * np.cos((xx + yy) / 11.0),
                      80 + xx + yy / 2], 0)
     noise = np.random.default_rng(0).normal(0, 2, (4, 3, 64, 64))
-    x = torch.from_numpy(np.clip(base[None] + noise, 0, 255).astype(np.uint8))
+    _check_systematic_bound(torch.from_numpy(np.clip(base[None] + noise, 0, 255).astype(np.uint8)), 0.5)
+
+
+def test_systematic_bound_on_kodak_tiles(shared_data):
+    """The same on what the photo model is made for: kodim01's four top-left 64px tiles (the
+    photographs are its test set, never trained on). 0.9.62's `photo`, the five draws each way
+    here: 0.197x (0.021 against 0.105 bits/dim; eight draws: 0.165x, as with 0.9.59's)."""
+    from PIL import Image
+
+    img = np.asarray(Image.open(shared_data / "kodak" / "kodim01.png").convert("RGB"))
+    tiles = img[:64, :256].reshape(64, 4, 64, 3).transpose(1, 3, 0, 2)  # [4, 3, 64, 64]
+    _check_systematic_bound(torch.from_numpy(np.ascontiguousarray(tiles)), 0.3)
+
+
+def _check_systematic_bound(x: torch.Tensor, ratio: float) -> None:
+    """The shipped photo model's bound of the tiles x [N, 3, 64, 64] (uint8), five draws of 16 times
+    on the grid and five with jittered strata: the grid's pooled spread below `ratio` times the
+    strata's, the two means within 4 standard errors."""
+    from scoreflow_codec import zoo
+
+    model = zoo.load_model("photo")
     draws = {sys_: torch.stack([bound_bpd(model.model, x, model.dequantizer, n_t=16, systematic=sys_,
                                           generator=torch.Generator().manual_seed(s)).double() for s in range(5)])
              for sys_ in (False, True)}
     var = {k: v.var(0).mean().item() for k, v in draws.items()}  # per tile over the draws, pooled
-    assert math.sqrt(var[True] / var[False]) < 0.5, var
+    assert math.sqrt(var[True] / var[False]) < ratio, var
     diff = draws[True].mean().item() - draws[False].mean().item()
     assert abs(diff) < 4 * math.sqrt((var[True] + var[False]) / 20), (diff, var)
 

@@ -28,7 +28,9 @@ QUANT_BITS = 20
 # exact forwards: rows per call so that a call holds at most about this many pixels (8 tiles of
 # 64px): on the 2-core AVX2 EPYC the photo model's exact forward (0.9.11) costs 0.100 / 0.075 /
 # 0.072 / 0.063 / 0.063 / 0.066 / 0.063 / 0.069 / 0.083 s per 64px tile in calls of 1 / 2 / 3 / 4 /
-# 6 / 8 / 12 / 16 / 24 tiles (two threads, best of 5, interleaved): flat from 4 to 12
+# 6 / 8 / 12 / 16 / 24 tiles (two threads, best of 5, interleaved): flat from 4 to 12. With 0.9.63's
+# blocked attention on the 2-core Intel Xeon: 0.193 / 0.191 / 0.190 / 0.185 / 0.206 / 0.208 s in calls
+# of 2 / 4 / 6 / 8 / 12 / 16 tiles (two threads, best of 4): 8 is still best
 EXACT_CHUNK_PIXELS = 8 * 64 * 64
 FD_STEP = 2.0 ** -10  # the finite difference of exact mode's Jacobian quadratic form (model space)
 
