@@ -418,11 +418,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     n, _, p = q.shape
     qt, vt = q.transpose(1, 2), v.transpose(1, 2)
     ga, gb = bmm_grids(qt, k)
-    q_int = torch.round(qt * _per_sample(pow2(ga), 3))
-    k_int = torch.round(k * _per_sample(pow2(gb), 3))
+    q_int, k_int = on_grid(qt, ga), on_grid(k, gb)
     s_scale = _per_sample(pow2(-(ga + gb)), 3)
     a_grid, v_grid = _bounded_grids(p, vt, torch.full((n,), 1.0, dtype=F64))
-    v_int = torch.round(vt * _per_sample(pow2(v_grid), 3))
+    v_int = on_grid(vt, v_grid)
     a_scale, y_scale = _per_sample(pow2(a_grid), 3), _per_sample(pow2(-(a_grid + v_grid)), 3)
     out = torch.empty(n, p, vt.shape[2], dtype=F64)
     rows = max(1, ATTN_BLOCK * torch.get_num_threads() // max(n * k.shape[2], 1))
@@ -445,9 +444,7 @@ def exact_bmm(a: Tensor, b: Tensor, a_sum_bound: Tensor | None = None) -> Tensor
     """Batched a @ b ([N, P, K] x [N, K, Q]) with both operands on per-sample integer grids
     (`bmm_grids`): the same bits from any matrix-product kernel."""
     ga, gb = bmm_grids(a, b, a_sum_bound)
-    a_int = torch.round(a * _per_sample(pow2(ga), 3))
-    b_int = torch.round(b * _per_sample(pow2(gb), 3))
-    return torch.bmm(a_int, b_int) * _per_sample(pow2(-(ga + gb)), 3)
+    return torch.bmm(on_grid(a, ga), on_grid(b, gb)) * _per_sample(pow2(-(ga + gb)), 3)
 
 
 # --- numpy front ends -------------------------------------------------------------------------
