@@ -304,8 +304,11 @@ def test_tile_gap(tmp_path, capsys):
     """bench/tile_gap.py: per tile the model's bound, the seed codec on the tile alone and the tile's
     share of the seed codec on the whole image, and the seed codec on the whole image; the best-per-
     tile columns are the per-tile minima."""
-    from bench.tile_gap import main as tile_gap
+    from bench.tile_gap import EPS_FLAG, main as tile_gap
+    from scoreflow_codec import likelihood, zoo
+    from scoreflow_codec.api import padded_tile
     from scoreflow_codec.coding.seed_codec import seed_bits, seed_pixel_bits
+    from scoreflow_codec.coding.tiles import plan_tiles
 
     rgb = _image(3, 40, 48)
     Image.fromarray(rgb).save(tmp_path / "a.png")
@@ -324,7 +327,25 @@ def test_tile_gap(tmp_path, capsys):
     c = np.array(r["per_tile"]["seed_ctx"])
     assert np.sum(c) * 3 * 256 == pytest.approx(seed_pixel_bits(rgb.transpose(2, 0, 1).copy()).sum())
     assert r["best_ctx"] == pytest.approx(np.minimum(m, c).mean()) and r["model_wins_ctx"] == np.mean(m < c)
+    # the t = eps term per tile, in bits/dim: the bound less the bound without it, on the same draws
+    e = np.array(r["per_tile"]["eps"])
+    tiles = np.stack([padded_tile(rgb.transpose(2, 0, 1).copy(), t, 16) for t in plan_tiles([(3, 40, 48)], 16)])
+    model = zoo.load_model("cifar10")
+    gen = torch.Generator().manual_seed(0)
+    without = torch.cat([likelihood.bound_bpd(model.model, torch.from_numpy(tiles[i:i + 16]), model.dequantizer, n_t=2,
+                                              generator=gen, correction=False) for i in range(0, len(tiles), 16)])
+    assert m - e == pytest.approx(without.double().numpy(), abs=1e-5)  # float32 terms
+    assert r["eps"] == pytest.approx(e.mean()) and r["flagged"] == int(np.sum(e > EPS_FLAG))
     assert "a.png" in capsys.readouterr().out
+    # --mse: the denoising error of the flagged tiles (here likely none: all of them) beside the model's table
+    assert tile_gap([str(tmp_path / "a.png"), "--model", "cifar10", "--tile", "16", "--n-t", "2", "--mse", "3",
+                     "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["images"]["a.png"]
+    mse = r["mse"]
+    assert mse["tiles"] == ("flagged" if r["flagged"] else "all") and len(mse["log_snr"]) == 3
+    assert np.all(np.diff(mse["log_snr"]) > 0) and np.all(np.array(mse["mse"]) >= 0)
+    assert mse["mse"][0] < 0.05 < mse["mse"][-1]  # at low log-SNR the noise is all there is to see
+    assert len(mse["model_table"]) == 3 and "denoising error of its " in capsys.readouterr().out
     assert tile_gap([str(tmp_path / "g.png"), "--model", "cifar10"]) == 2
     assert "not a plain RGB image" in capsys.readouterr().err
 
