@@ -251,6 +251,27 @@ def test_folder_data_random_crops_and_scales(tmp_path):
         load_images(tmp_path / "0.png")
 
 
+def test_grain_noise_on_half_the_crops():
+    """--grain S: about half the crops get Gaussian noise, one sigma per crop drawn from [0, S] levels,
+    rounded (on a flat grey image, far from 0 and 255, each crop's spread is its sigma); without it the
+    sampler draws the same crops as before the option."""
+    flat = [np.full((64, 64, 3), 128, np.uint8), np.full((80, 48, 3), 128, np.uint8)]
+    n, grain = 600, 6.0
+    b = CropSampler(flat, 32, seed=3, grain=grain).sample(n).numpy().astype(np.float64) - 128
+    assert b.dtype == np.float64 and np.abs(b).max() < 128
+    sd = b.reshape(n, -1).std(axis=1)
+    noisy = sd > 0.3  # a crop with sigma below ~0.3 rounds back to mostly 128: counted with the clean
+    assert 0.40 < noisy.mean() < 0.55  # half get noise, a few of those too weak to show
+    assert sd.max() < grain + 0.2 and np.quantile(sd[noisy], 0.9) > 0.8 * grain  # sigma up to S
+    m = sd[sd > 1.0]  # rounding adds 1/12 of a level squared: sd^2 ~ sigma^2 + 1/12 where sigma >~ 1
+    assert abs(np.mean(m ** 2 - 1 / 12) - np.mean(np.linspace(1.0, grain, 1001) ** 2)) < 1.5  # sigma ~ U(0, S)
+    assert np.abs(b.reshape(n, -1).mean(axis=1)).max() < 0.5  # zero-mean noise
+    rng = np.random.default_rng(0)
+    photos = [rng.integers(0, 256, (70, 90, 3), dtype=np.uint8) for _ in range(3)]
+    a, c = CropSampler(photos, 32, seed=5, min_scale=0.5), CropSampler(photos, 32, seed=5, min_scale=0.5, grain=0.0)
+    assert torch.equal(a.sample(8), c.sample(8))
+
+
 def _torchrun(cmd: list[str], timeout: float, log: Path) -> subprocess.CompletedProcess:
     """Run a torchrun command, its output to `log`; on a timeout (a hung collective) stop it with
     SIGTERM, which torchrun passes on to its workers (they run in sessions of their own), so that
@@ -455,7 +476,8 @@ def test_cli_input_errors_are_one_line(tmp_path):
     # numbers out of range are click's usage errors (--batch 0 trained with batches of 1, --log-every 0
     # divided by zero, --eval-images 0 stopped on "need at least one array to stack")
     for opt, value in (("--batch", "0"), ("--log-every", "0"), ("--eval-images", "0"), ("--eval-n-t", "0"),
-                       ("--lr", "0"), ("--min-scale", "0"), ("--min-scale", "1.5"), ("--steps", "-1"), ("--ema", "1")):
+                       ("--lr", "0"), ("--min-scale", "0"), ("--min-scale", "1.5"), ("--steps", "-1"), ("--ema", "1"),
+                       ("--grain", "-1")):
         r = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "r"), "--data", str(tmp_path / "whole.npz"),
                                       opt, value, "--no-progress"])
         assert r.exit_code == 2 and f"Invalid value for '{opt}'" in r.stderr, (opt, r.output)

@@ -70,6 +70,9 @@ def main() -> None:
 @click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=None)
 @click.option("--crop", type=click.IntRange(min=2), default=None, help="Training crop size (folders: random crops).")
 @click.option("--min-scale", type=click.FloatRange(0, 1, min_open=True), default=None, help="Random down-scaling of folder images to [s, 1].")
+@click.option("--grain", type=click.FloatRange(min=0), default=None,
+              help="Half the crops get Gaussian noise of a sigma drawn from [0, S] 8-bit levels, rounded: film "
+                   "grain and sensor noise, which down-scaling removes (default 0: none).")
 @click.option("--no-flip", is_flag=True, default=False)
 @click.option("--sde", type=click.Choice(["vp", "subvp", "ve"]), default=None)
 @click.option("--dequant", type=click.Choice(["variational", "uniform"]), default=None)

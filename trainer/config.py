@@ -23,6 +23,7 @@ class TrainConfig:
     crop: int = 32
     flip: bool = True
     min_scale: float = 1.0                # random down-scaling of folder images, factor in [min_scale, 1]
+    grain: float = 0.0                    # half the crops get Gaussian noise, sigma ~ U(0, grain) 8-bit levels (CropSampler)
     # optimisation
     batch: int = 128                      # global batch (split across ranks)
     lr: float = 2e-4

@@ -69,12 +69,18 @@ def hold_out(images: list[np.ndarray], holdout: int) -> tuple[list[np.ndarray], 
 
 
 class CropSampler:
-    """Random crops (with optional random down-scaling and horizontal flips) as uint8 [B, 3, c, c]."""
+    """Random crops (with optional random down-scaling and horizontal flips) as uint8 [B, 3, c, c].
+
+    grain > 0: each crop, with probability 1/2, gets Gaussian noise of a standard deviation drawn
+    uniformly from [0, grain] 8-bit levels (one per crop, independent per pixel and channel), rounded
+    and clipped to 0..255. Down-scaling removes film grain and sensor noise, and a model that has not
+    seen them takes them for the diffusion's noise at the clean end (bench/tile_gap.py's flagged
+    tiles: a noise estimate worse than none)."""
 
     def __init__(self, images: list[np.ndarray], crop: int, flip: bool = True, min_scale: float = 1.0,
-                 rank: int = 0, world: int = 1, seed: int = 0):
+                 rank: int = 0, world: int = 1, seed: int = 0, grain: float = 0.0):
         shard = images[rank::world] or images
-        self.crop, self.flip, self.min_scale = crop, flip, min_scale
+        self.crop, self.flip, self.min_scale, self.grain = crop, flip, min_scale, grain
         self.rng = np.random.default_rng([seed, rank])
         small = [im for im in shard if min(im.shape[:2]) < crop]
         if small:
@@ -116,7 +122,16 @@ class CropSampler:
             f = self.rng.random(n) < 0.5
             batch = batch.copy()
             batch[f] = batch[f, :, ::-1]
+        if self.grain > 0:
+            batch = self._add_grain(batch)
         return torch.from_numpy(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)))
+
+    def _add_grain(self, batch: np.ndarray) -> np.ndarray:
+        """The class docstring's noise on about half of batch [B, c, c, 3] (a new array)."""
+        on = self.rng.random(len(batch)) < 0.5
+        sigma = self.rng.uniform(0.0, self.grain, len(batch)) * on
+        noisy = batch + self.rng.standard_normal(batch.shape, dtype=np.float32) * sigma[:, None, None, None].astype(np.float32)
+        return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
 
 
 def center_crops(images: list[np.ndarray], crop: int, n: int) -> torch.Tensor:

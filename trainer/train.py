@@ -212,7 +212,8 @@ def train(cfg: TrainConfig, out: str | Path, device: str | None = None, resume: 
         step, elapsed_total, images_seen = state["step"], state.get("elapsed", 0.0), state.get("images", 0)
         if rank == 0:
             log.info("resumed from %s at step %d", ck, step)
-    sampler = CropSampler(train_images, cfg.crop, cfg.flip, cfg.min_scale, rank, world, seed=cfg.seed + step)
+    sampler = CropSampler(train_images, cfg.crop, cfg.flip, cfg.min_scale, rank, world, seed=cfg.seed + step,
+                          grain=cfg.grain)
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         (out / "config.json").write_text(cfg.to_json())
