@@ -160,6 +160,9 @@ CASES = {
     # 0.9.62: the photo model of 0.9.62 (0.9.59's trained on for 120 more minutes the same way;
     # 0.9.59 - 0.9.61's photo is photo-6 in the zoo now)
     "photo-x7": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.9.64: the photo model of 0.9.64 (0.9.62's trained on for 36 more minutes with grain on half the
+    # crops; 0.9.62 - 0.9.63's photo is photo-7 in the zoo now, 0.9.59 - 0.9.61's photo-6 retired)
+    "photo-x8": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
