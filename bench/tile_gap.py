@@ -24,7 +24,8 @@ The clean end: "eps" is the bound's t = eps term on each tile (likelihood.eps_te
 network's noise estimate at the smallest time, 0 for an estimate of zero, below 0 where the network
 sees the noise). A tile above EPS_FLAG is one where the network, at the clean end, does worse than
 predicting zero: it takes the image's own fine texture (film grain) for the noise it is to remove.
-"flagged" counts them and "flag gap" is their share of the model's gap to "seed ctx" over the image.
+"flagged" counts them and "flag gap" is their share of the model's gap to "seed ctx" over the image
+(none, printed "-", where the model beats "seed ctx" over the image: no gap to share).
 With --mse N the denoising error E||eps - eps_hat||^2 / D of the flagged tiles (up to 24 an image,
 else every tile) is measured at N log-SNR points (calibration.eps_mse_table, the model's own
 dequantizer) beside the model's table (its training crops, stored in the model file): above 1 the
@@ -91,7 +92,7 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
         extra["mse"]["tiles"] = "flagged" if flagged.any() else "all"
     return extra | {"tiles": len(tiles), "model": float(model_bpd.mean()), "seed_tile": float(seed_tile.mean()),
             "eps": float(eps_bpd.mean()), "flagged": int(flagged.sum()),
-            "flag_gap": float(gap[flagged].sum() / gap.sum()) if gap.sum() > 0 else float("nan"),
+            "flag_gap": float(gap[flagged].sum() / gap.sum()) if gap.sum() > 0 else None,
             "seed_whole": float(seed_whole),
             "best_per_tile": float(np.minimum(model_bpd, seed_tile).mean()),
             "model_wins": float((model_bpd < seed_tile).mean()),
@@ -99,6 +100,10 @@ def tile_costs(source, model, tile: int, n_t: int, batch: int = 16, seed: int = 
             "model_wins_ctx": float((model_bpd < seed_ctx).mean()),
             "per_tile": {"model": model_bpd.tolist(), "seed_tile": seed_tile.tolist(), "seed_ctx": seed_ctx.tolist(),
                          "eps": eps_bpd.tolist()}}
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def denoising_error(model, tiles: np.ndarray, points: int, seed: int = 0) -> dict:
@@ -136,7 +141,7 @@ def main(argv=None) -> int:
         rows[p.name] = r
         print(f"{p.name[:16]:16s} {r['tiles']:5d} {r['model']:7.3f} {r['seed_tile']:9.3f} {r['best_per_tile']:9.3f} "
               f"{r['seed_whole']:10.3f} {100 * r['model_wins']:9.0f}% {r['best_ctx']:8.3f} "
-              f"{100 * r['model_wins_ctx']:7.0f}% {r['eps']:6.3f} {r['flagged']:7d} {100 * r['flag_gap']:7.0f}% "
+              f"{100 * r['model_wins_ctx']:7.0f}% {r['eps']:6.3f} {r['flagged']:7d} {_share(r['flag_gap']):>8s} "
               f"{r['seconds']:5.0f}", flush=True)
         if "mse" in r:
             m = r["mse"]

@@ -19,6 +19,7 @@ from scoreflow_codec.container import (
     head,
     pack,
     peek_header,
+    release_field,
     require,
     unpack,
     unpack_all,
@@ -162,6 +163,24 @@ def test_version_4_keeps_the_release_out_of_the_dictionary_s_way():
         data = pack(h, GOLDEN_WORDS)
         assert struct.unpack_from("<H", data, 10)[0] == 0 and unpack(data)[0] == h
     assert struct.unpack_from("<H", pack(seed_single, GOLDEN_WORDS), 10)[0] == 0
+
+
+def test_this_release_fits_the_release_field():
+    """The package's own release goes in the fixed header's field, not in the JSON: one that the field
+    cannot hold (0.9.64: z < 64) puts "codec" back into every file's header, 5 bytes a file (a one-image
+    seed codec file 437,542 bytes instead of 437,537). The next release after x.y.63 is x.(y+1).0.
+    pyproject.toml and the package say the same release."""
+    import tomllib
+
+    from scoreflow_codec import __version__
+
+    assert release_field(__version__) != 0, f"release {__version__} does not fit the release field (x < 15, y, z < 64)"
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert meta["project"]["version"] == __version__
+    h = {"crc32": 1, "fields": {"n_seed": 1, "n_tiles": 1, "pad_stripped": 1, "pad_words": 2},
+         "images": [[32, 32, "RGB", 1]], "meta": {"0": {"name": "c0.png"}}, "mode": "chain", "settings": {},
+         "stream": {"seed": 8}}
+    assert _header_bytes(pack({**h, "codec": __version__}, GOLDEN_WORDS)) == _header_bytes(pack(h, GOLDEN_WORDS))
 
 
 def test_the_release_field_is_checked():
