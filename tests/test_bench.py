@@ -304,8 +304,7 @@ def test_tile_gap(tmp_path, capsys):
     """bench/tile_gap.py: per tile the model's bound, the seed codec on the tile alone and the tile's
     share of the seed codec on the whole image, and the seed codec on the whole image; the best-per-
     tile columns are the per-tile minima."""
-    from bench import tile_gap as tg
-    from bench.tile_gap import EPS_FLAG, main as tile_gap
+    from bench.tile_gap import EPS_FLAG, _share, main as tile_gap
     from scoreflow_codec import likelihood, zoo
     from scoreflow_codec.api import image_tiles
     from scoreflow_codec.coding.seed_codec import seed_bits, seed_pixel_bits
@@ -339,7 +338,7 @@ def test_tile_gap(tmp_path, capsys):
     gap = m - c  # the flagged tiles' share of the model's gap to seed ctx; none where there is no gap
     assert r["flag_gap"] == (pytest.approx(gap[e > EPS_FLAG].sum() / gap.sum()) if gap.sum() > 0 else None)
     assert "a.png" in capsys.readouterr().out
-    assert tg._share(None) == "-" and tg._share(0.954) == "95%"
+    assert _share(None) == "-" and _share(0.954) == "95%"
     # --mse: the denoising error of the flagged tiles (none flagged: of all) beside the model's table; this
     # noisy synthetic image has most of its tiles flagged by cifar10
     assert tile_gap([str(tmp_path / "a.png"), "--model", "cifar10", "--tile", "16", "--n-t", "2", "--mse", "3",
