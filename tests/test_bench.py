@@ -567,6 +567,17 @@ def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
     assert out["identical"] and out["model"] == "cifar10" and out["threads"] == 1
     assert out["seed_tiles"][1] == 16 and out["seed_tiles"][0] < 16
     assert out["bpd"] == pytest.approx(8 * out["bytes"] / (128 * 128 * 3))
+    # --seed-tiles fixes the first N; the model's and the seed tiles' own rates make up the file, less
+    # its header and the stream's few signal bits (uniform noise: the seed codec about 8 bits/dim, a
+    # 4-step chain far more)
+    assert own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1",
+                            "--seed-tiles", "5", "--arith", "float32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["seed_tiles"] == [5, 16] and out["arith"] == "float32" and out["identical"]
+    tile_dims = 32 * 32 * 3
+    parts = out["model_bpd"] * 11 * tile_dims + out["seed_bpd"] * 5 * tile_dims
+    assert 0 < 8 * out["bytes"] - parts < 0.01 * 8 * out["bytes"]
+    assert 7.5 < out["seed_bpd"] < 9 < out["model_bpd"]
     from scoreflow_codec.errors import DecodeMismatchError
 
     _decode_flips_a_pixel(monkeypatch)  # a decode that differs is never reported as a file
