@@ -382,9 +382,9 @@ def _out_name(name: str | None, index: int, n: int, suffix: str) -> str:
 TILE_OPTION = click.option("--tile", type=click.IntRange(*TILE_RANGE), default=None,
                            help="Tile size in pixels the model sees at a time (default: the model's: "
                                 "64 for photo, what a model file records, else 32).")
-MODE_HELP = ("chain: the discrete diffusion chain (about 3x faster with cifar10, 16x with photo; the smaller "
-             "file on small images); ode: the probability-flow ODE (the paper's likelihood; slow on a CPU; it "
-             "needs about 10 seed tiles first, after which photo's tiles cost about 3.5% less than in chain mode).")
+MODE_HELP = ("chain: the discrete diffusion chain (about 3x faster with cifar10, 16x with photo); ode: the "
+             "probability-flow ODE (the paper's likelihood; slow on a CPU; with cifar10 the larger file; with photo "
+             "it needs more seed tiles, about 10, and codes the other tiles in about 3.5% fewer bits).")
 FALLBACK_OPTION = click.option(
     "--fallback", type=click.Choice(["auto", "both", "off", "seed"]), default="auto", show_default=True,
     help="Also code the images with the package's classical seed codec alone and keep the smaller file. "
