@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     import torch
 
     from scoreflow_codec import api, images, zoo
+    from scoreflow_codec.coding import tiles
     from scoreflow_codec.errors import BadImageError, ModelError
 
     torch.set_num_threads(a.threads)
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         api.check_identical(src, api.decompress(data, model))
         t2 = time.perf_counter()
         st = rep.stream
-        per_tile = 3 * ss.tile ** 2  # where every tile is a whole RGB tile (else null: tiles of unequal dims)
+        per_tile = tiles.MODEL_CHANNELS * ss.tile ** 2  # every tile a whole RGB tile (else null: unequal dims)
         whole = rep.num_dims == per_tile * st.n_tiles
         own = {"model_bpd": st.model_bits / (per_tile * (st.n_tiles - st.n_seed))
                if whole and st.n_seed < st.n_tiles else None,
