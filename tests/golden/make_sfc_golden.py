@@ -163,6 +163,9 @@ CASES = {
     # 0.9.64: the photo model of 0.9.64 (0.9.62's trained on for 36 more minutes with grain on half the
     # crops; 0.9.62 - 0.9.63's photo is photo-7 in the zoo now, 0.9.59 - 0.9.61's photo-6 retired)
     "photo-x8": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
+    # 0.10.1: the photo model of 0.10.1 (0.9.64's trained on for about 222 more minutes with grain;
+    # 0.9.64 - 0.10.0's photo is photo-8 in the zoo now, 0.9.62 - 0.9.63's photo-7 retired)
+    "photo-x9": ("photo", [(192, 128)], ["--no-fallback", "--seed-tiles", "first", "--steps", "16"]),
 }
 
 
