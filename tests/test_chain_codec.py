@@ -294,16 +294,16 @@ def test_optimized_step_grid():
 
 
 def test_optimized_grid_on_the_shipped_models_tables():
-    """What "optimized" gains over "calibrated" on the shipped models' own tables (bits/dim of the
-    chain above the continuous bound): 0.9.9 - 0.9.58's photo (preset cpu, now photo-5) at its 64 steps,
-    more than 0.004 (as cifar10-12, 0.9.7 - 0.9.35's cifar10, did at its 256 until it was retired in
-    0.9.46). On the preset-small models the two are close: 0.9.59's photo (photo-6, retired in 0.9.64)
-    0.0798 against 0.0793 at 64 steps, 0.9.62's photo (photo-7, retired in 0.10.1) 0.0797 against
-    0.0792, 0.9.64's (now photo-8) 0.0795 against 0.0784, 0.10.1's 0.0791 against 0.0784; cifar10-26 (0.9.52's cifar10), cifar10-27
-    (0.9.53's), cifar10-28 (0.9.54's), cifar10-29 (0.9.56's) and 0.9.58's cifar10 within 0.0001 at 256
-    steps (0.0275, 0.0275, 0.0276, 0.0276 and 0.0276 bpd; cifar10-13 to -25, 0.9.36 - 0.9.51's, retired
-    in 0.9.47 to 0.9.62: 0.0279, 0.0281, 0.0277, 0.0277, 0.0277, 0.0276, 0.0276, 0.0275, 0.0275, 0.0275,
-    0.0275, 0.0275 and 0.0275):
+    """What "optimized" gains over "calibrated" on the shipped models' own tables (bits/dim of the chain
+    above the continuous bound): 0.9.9 - 0.9.58's photo (preset cpu, now photo-5) at its 64 steps, more
+    than 0.004 (as cifar10-12, 0.9.7 - 0.9.35's cifar10, did at its 256 until it was retired in 0.9.46).
+    On the preset-small models the two are close: 0.9.59's photo (photo-6, retired in 0.9.64) 0.0798
+    against 0.0793 at 64 steps, 0.9.62's photo (photo-7, retired in 0.10.1) 0.0797 against 0.0792,
+    0.9.64's (now photo-8) 0.0795 against 0.0784, 0.10.1's 0.0791 against 0.0784; cifar10-26 (0.9.52's
+    cifar10), cifar10-27 (0.9.53's), cifar10-28 (0.9.54's), cifar10-29 (0.9.56's) and 0.9.58's cifar10
+    within 0.0001 at 256 steps (0.0275, 0.0275, 0.0276, 0.0276 and 0.0276 bpd; cifar10-13 to -25, 0.9.36
+    - 0.9.51's, retired in 0.9.47 to 0.9.62: 0.0279, 0.0281, 0.0277, 0.0277, 0.0277, 0.0276, 0.0276,
+    0.0275, 0.0275, 0.0275, 0.0275, 0.0275 and 0.0275):
     optimized is never above calibrated. The cifar10 models are every one the zoo ships (`trainer ship`
     and `retire` change the list), each at its own chain steps."""
     import math
