@@ -20,9 +20,9 @@ continued on a CPU core), since 0.9.49 not cifar10-15 (0.9.41's), since 0.9.50 n
 0.9.53 not cifar10-19 (0.9.45's), since 0.9.54 not cifar10-20 (0.9.46's), since 0.9.56 not
 cifar10-21 (0.9.47's), since 0.9.58 not cifar10-22 (0.9.48's), since 0.9.59 not cifar10-23 and -24
 (0.9.49's and 0.9.50's), since 0.9.62 not cifar10-25 (0.9.51's), since 0.9.64 not photo-6 (0.9.59 -
-0.9.61's photo), and since 0.10.1 not photo-7 (0.9.62 - 0.9.63's photo). Their files (the three float32
-ones, cifar10-x1 to -x26, photo-x1, photo-x6, photo-x7) must get one error naming the release and the commit that have
-the model, and must decode with the model file taken from that commit.
+0.9.61's photo), and since 0.10.1 not photo-7 (0.9.62 - 0.9.63's photo). Their files (the three
+float32 ones, cifar10-x1 to -x26, photo-x1, photo-x6, photo-x7) must get one error naming the release
+and the commit that have the model, and must decode with the model file taken from that commit.
 """
 import importlib.util
 import re
