@@ -171,15 +171,15 @@ smaller); with a ninth one instead, a least-squares predictor fitted to the whol
 pixels within 3 rows and columns, the earlier channels at the pixel and at its N, W, NW, NE; its
 coefficients would ride in the stream; measured with the plane's edge replicated, which a decoder
 lacks in the first rows): -0.0016; both: -0.0030 (-0.12%). In the blend mode alone the two averages
-gain 0.01 - 0.02 bits/pixel on red and blue (kodim01, 05, 12, 20), of which little is left where the
-difference and mixed modes code those planes. MED or Paeth as sub-predictors: green within +-0.007,
-red and blue up to +0.03 (Paeth). Blend-mode bits of kodim01 (green, red, blue: 5.004, 2.381,
-2.163), each mixed per pixel as version 7 mixes (weights from the codelengths of the 36 neighbours)
-with a second set of histograms: rows that halve at 1,024 pixels 5.009, 2.383, 2.167; rows by the
-bias context's six texture bits x 8 activity levels 5.008, 2.393, 2.170. Residual counts spread over
-neighbouring slots (8, 16, 16, 16, 8 instead of 64, in rows of bin 9 and up; kodim01, 20): green
--0.007 / -0.005, red +0.012 / +0.002; in every row (16, 32, 16) up to +0.27. None of these gains
-0.15%; none was worth a format version.
+gain 0.009 - 0.023 bits/pixel on red and blue (kodim01, 05, 12, 20), of which little is left where
+the difference and mixed modes code those planes. MED or Paeth as sub-predictors: green within
++-0.007, red and blue up to +0.03 (Paeth). Blend-mode bits of kodim01 (green, red, blue: 5.004,
+2.381, 2.163), each mixed per pixel as version 7 mixes (weights from the codelengths of the 36
+neighbours) with a second set of histograms: rows that halve at 1,024 pixels 5.009, 2.383, 2.167;
+rows by the bias context's six texture bits x 8 activity levels 5.008, 2.393, 2.170. Residual counts
+spread over neighbouring slots (8, 16, 16, 16, 8 instead of 64, in rows of bin 9 and up; kodim01,
+20): green -0.007 / -0.005, red +0.012 / +0.002; in every row (16, 32, 16) up to +0.27. None of
+these gains 0.15%; none was worth a format version.
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
