@@ -53,7 +53,7 @@ def spread(source, model, tile: int) -> dict:
             "mean": float(d.mean()), "sd": float(d.std()), "largest": float(np.abs(d).max()),
             "full_saving_bits": saving.bits, "needed_bits": saving.needed, "full_codes_model": saving.bits >= saving.needed,
             "screen_bits": screen.bits, "screen_upper": screen.upper, "screen_needed": screen.needed,
-            "screen_passes": screen.upper >= screen.needed}
+            "screen_passes": screen.upper >= screen.needed, "screen_sampled": screen.sampled}
 
 
 def main(argv=None) -> int:

@@ -211,9 +211,14 @@ def _coded_by(rep, seed_tiles: str = "chosen") -> str:
                 f"in {rep.model_saving.upper:.0f} bits, fewer than the {rep.model_saving.needed:.0f} the model's "
                 f"stream must save ({_needed_why()}; --fallback both codes it anyway)")
     if rep.model_skipped in ("sample", "screen"):
+        from scoreflow_codec import api
+
         sv = rep.model_saving
+        tiles = f"{sv.sampled} tiles drawn at random"
+        if rep.model_skipped == "screen" and sv.sampled < api.SCREEN_TILES:  # the screen's first stage
+            tiles = f"the {sv.sampled} of {api.SCREEN_TILES} tiles drawn at random where the seed codec spends the most"
         look = "a quick look at" if rep.model_skipped == "screen" else "from"
-        return (f"seed codec alone; the model's stream was not coded: {look} {sv.sampled} tiles drawn at random, "
+        return (f"seed codec alone; the model's stream was not coded: {look} {tiles}, "
                 f"the model is expected to save {sv.bits:.0f} bits (at most {sv.upper:.0f}), less than the "
                 f"{sv.needed:.0f} it must save ({_needed_why()}; --fallback both codes it anyway)")
     if rep.model_skipped == "seed only":

@@ -539,6 +539,15 @@ SAMPLE_ABOVE_PIXELS, SAMPLE_TILES, SAMPLE_Z = 1 << 20, 64, 2.0
 # find given that look (SCREEN_SD_BPD: the look's standard deviation about it). The model's stream is
 # not coded where that saving, plus SCREEN_Z standard errors, is below what its stream adds.
 SCREEN_TILES, SCREEN_N_T, SCREEN_SD_BPD, SCREEN_Z = 16, 16, 0.08, 2.0
+# the screen's first stage (0.10.2, screen_first_stage): of the screen's tiles, the SCREEN_FIRST on which
+# the seed codec spends the most bits (where the model, if anywhere, wins: on every photograph where the
+# screen passes, bench/screen_first.py), each from the same look. Their bits/dim of seed codec - model
+# have a mean and a spread (at least SCREEN_FIRST_SPREAD_BPD); every tile is taken to save what a tile
+# like them would, E max(0, D), D normal about that mean raised by SCREEN_FIRST_Z standard errors, with
+# that spread and SCREEN_SD_BPD together. Where even that is below what the stream adds, the screen stops
+# there (compress writes the seed codec's file); else its tiles decide as before 0.10.2 (the same look
+# of the same draws).
+SCREEN_FIRST, SCREEN_FIRST_SPREAD_BPD, SCREEN_FIRST_Z = 4, 0.1, 1.5
 
 
 @dataclass(frozen=True)
@@ -623,9 +632,63 @@ def screen_saving(sources: list[imgs.SourceImage], model, ss: stream.StreamSetti
     SCREEN_SD_BPD of the full one (its standard deviation): each tile's gain is what the full estimate
     is expected to find, E max(0, D) with D ~ N(seed codec - model, SCREEN_SD_BPD x its dims), and the
     tiles with a gain are counted by P(D > 0). chain: as sample_saving's (the look itself is the
-    continuous bound plus excess_bpd: tile_model_bits)."""
+    continuous bound plus excess_bpd: tile_model_bits).
+
+    First, where there are more than SCREEN_FIRST colour tiles, screen_first_stage: where its look at
+    SCREEN_FIRST of those tiles already rules the model out, its Saving (sampled SCREEN_FIRST) is the
+    screen's."""
+    seed = _file_shares(sources, ss)
+    if int(rgb_tiles(sources, ss.tile).sum()) > SCREEN_FIRST:
+        first = screen_first_stage(sources, model, ss, device, excess_bpd, seed)
+        if first.upper < first.needed:
+            return first
     return _sampled_saving(sources, model, ss, device, excess_bpd, SCREEN_TILES, SCREEN_N_T, SCREEN_SD_BPD,
-                           SCREEN_Z, chain)
+                           SCREEN_Z, chain, seed)
+
+
+def screen_first_stage(sources: list[imgs.SourceImage], model, ss: stream.StreamSettings, device: str = "cpu",
+                       excess_bpd: float = 0.0, seed: np.ndarray | None = None) -> Saving:
+    """The screen's first stage: of the screen's tiles (drawn as the screen draws them), the
+    SCREEN_FIRST with the most seed codec bits (the first drawn where equal), each from the screen's
+    look, in a call of their own. Their x = (seed codec - model) / dims have a mean m and a spread
+    s = max(their standard deviation, SCREEN_FIRST_SPREAD_BPD); every colour tile is taken to save
+    E max(0, D), D ~ N(mu, s^2 + SCREEN_SD_BPD^2) in bits/dim: bits with mu = m, upper with mu = m +
+    SCREEN_FIRST_Z s / sqrt(SCREEN_FIRST) (first_stage_saving). The tiles chosen are those where the
+    model is most likely to win (it is furthest behind where the seed codec spends little), so the
+    extrapolation leans to the model. seed: the seed codec's bits per tile (stream.seed_file_tile_bits),
+    computed where not given."""
+    refs = _tile_refs(sources, ss.tile)
+    seed = _file_shares(sources, ss) if seed is None else seed
+    rgb = np.flatnonzero(_rgb_of(sources, refs))
+    n, dims = len(rgb), 3 * ss.tile ** 2
+    drawn = rgb[_draw(n, SCREEN_TILES)]
+    pick = np.sort(drawn[np.argsort(-seed[drawn], kind="stable")[:SCREEN_FIRST]])
+    model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick, look=SCREEN_N_T)
+    return first_stage_saving(seed[pick] - model_bits[pick], n, dims, len(refs), _seed_total(seed))
+
+
+def first_stage_saving(d: np.ndarray, n: int, dims: int, n_refs: int, seed_total: float) -> Saving:
+    """screen_first_stage's Saving from its tiles' seed codec - model bits d (each of dims), of n
+    colour tiles, n_refs tiles in all, the seed codec's bits on them seed_total."""
+    x = np.asarray(d, np.float64) / dims
+    s = max(float(x.std(ddof=1)), SCREEN_FIRST_SPREAD_BPD)
+    sd = math.hypot(s, SCREEN_SD_BPD)
+    mean = float(x.mean())
+    (gain, hi), (p, _) = _expected_gain(np.array([mean, mean + SCREEN_FIRST_Z * s / math.sqrt(len(x))]), sd)
+    k = int(round(n * p))
+    return Saving(n * dims * float(gain), k, _saving_needed(n_refs, k, seed_total), len(x), n * dims * float(hi))
+
+
+def _file_shares(sources: list[imgs.SourceImage], ss: stream.StreamSettings) -> np.ndarray:
+    """The stream's tiles' shares of the seed codec's file (stream.seed_file_tile_bits)."""
+    images = [stream.StreamImage(s.color, s.extra) for s in sources]
+    return stream.seed_file_tile_bits(images, _tile_refs(sources, ss.tile), ss.seed)
+
+
+def _draw(n: int, tiles: int) -> np.ndarray:
+    """The tiles a quick look (the sample, the screen) takes of n colour tiles (indices into them):
+    numpy's generator of seed 0, in the order drawn (each estimate takes its tiles in sorted order)."""
+    return np.random.default_rng(0).choice(n, min(tiles, n), replace=False)
 
 
 def _expected_gain(d: np.ndarray, sd: float) -> tuple[np.ndarray, np.ndarray]:
@@ -638,20 +701,27 @@ def _expected_gain(d: np.ndarray, sd: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sampled_saving(sources, model, ss: stream.StreamSettings, device: str, excess_bpd: float, tiles: int,
-                    look: int | None, sd_bpd: float, z: float, chain=None) -> Saving:
-    images = [stream.StreamImage(s.color, s.extra) for s in sources]
+                    look: int | None, sd_bpd: float, z: float, chain=None, seed: np.ndarray | None = None) -> Saving:
     refs = _tile_refs(sources, ss.tile)
     rgb = np.flatnonzero(_rgb_of(sources, refs))  # all tiles where every image is RGB: the same draw
     n = len(rgb)
-    pick = rgb[np.sort(np.random.default_rng(0).choice(n, min(tiles, n), replace=False))]
-    seed = stream.seed_file_tile_bits(images, refs, ss.seed)
+    pick = rgb[np.sort(_draw(n, tiles))]
+    seed = _file_shares(sources, ss) if seed is None else seed
     model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick, look=look, chain=chain)
-    gain, p = _expected_gain(seed[pick] - model_bits[pick], sd_bpd * 3 * ss.tile ** 2)
-    m, scale = len(pick), n / len(pick)
+    return extrapolated_saving(seed[pick] - model_bits[pick], n, len(refs), _seed_total(seed),
+                               sd_bpd * 3 * ss.tile ** 2, z)
+
+
+def extrapolated_saving(d: np.ndarray, n: int, n_refs: int, seed_total: float, sd: float, z: float) -> Saving:
+    """A sample's Saving (sample_saving, screen_saving) from its tiles' seed codec - model bits d, of n
+    colour tiles, n_refs tiles in all, the seed codec's bits on them seed_total: each tile's gain
+    E max(0, D), D ~ N(d, sd^2) (_expected_gain), scaled to the n tiles, upper z standard errors above."""
+    gain, p = _expected_gain(d, sd)
+    m, scale = len(gain), n / len(gain)
     se = n * float(gain.std(ddof=1)) / math.sqrt(m) * math.sqrt(1 - m / n) if 1 < m < n else 0.0
     k = int(round(scale * float(p.sum())))
     bits = scale * float(gain.sum())
-    return Saving(bits, k, _saving_needed(len(refs), k, _seed_total(seed)), m, bits + z * se)
+    return Saving(bits, k, _saving_needed(n_refs, k, seed_total), m, bits + z * se)
 
 
 FALLBACK_N_T = 16          # time samples per tile of the bound that decides fallback "auto"

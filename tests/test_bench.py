@@ -353,6 +353,38 @@ def test_tile_gap(tmp_path, capsys):
     assert "not a plain RGB image" in capsys.readouterr().err
 
 
+def test_screen_first(tmp_path, capsys, monkeypatch):
+    """bench/screen_first.py: the screen's 16 tiles' decision and its first stage's. Stand-in looks: the
+    model 1 bit/dim ahead of the seed codec's shares on the 4 tiles where those are least, as far
+    behind on the other 12: the 16 pass, the first stage (the 4 where the shares are most) rules the
+    model out, and the image is named on the last line."""
+    from bench.screen_first import main as screen_first
+    from scoreflow_codec import api
+
+    dims = 3 * 16 * 16
+
+    def tmb(sources, model, tile, device="cpu", excess_bpd=0.0, seed_bits=None, only=None, look=None, chain=None):
+        assert look == api.SCREEN_N_T and tile == 16 and len(seed_bits) == 16
+        ahead = set(np.argsort(seed_bits)[:4].tolist())
+        out = np.full(len(seed_bits), np.nan)
+        out[only] = [seed_bits[i] + (-1.0 if i in ahead else 1.0) * dims for i in only]
+        return out
+    monkeypatch.setattr(api, "tile_model_bits", tmb)
+    Image.fromarray(_image(3, 64, 64)).save(tmp_path / "a.png")
+    Image.fromarray(_image(3, 48, 48)).save(tmp_path / "small.png")  # 9 tiles: no screen
+    out = tmp_path / "first.json"
+    assert screen_first([str(tmp_path / "a.png"), str(tmp_path / "small.png"), "--model", "cifar10", "--tile", "16",
+                         "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    a = r["images"]["a.png"]
+    assert a["tiles"] == 16 and a["screen_passes"] and a["first_rules_out"] and "small.png" not in r["images"]
+    assert a["first_ratio"] < 1 and a["first_ratio_16s_look"] == pytest.approx(a["first_ratio"])
+    assert sorted(np.round(a["model_minus_seed_bpd"], 9)) == [-1.0] * 4 + [1.0] * 12 and a["best_tile_rank"] > 12
+    assert r["lost"] == ["a.png"] and r["margin"] == pytest.approx(a["first_ratio"])
+    text = capsys.readouterr().out
+    assert "small.png        fewer than 16 tiles: no screen" in text and "of those the 16 pass: a.png" in text
+
+
 def test_screen_spread(tmp_path, capsys, monkeypatch):
     """bench/screen_spread.py: every tile's quick look (api.SCREEN_N_T time samples) against the full
     estimate, in bits/dim; the full decision and the screen's. Stand-in looks 0.1 bits/dim above the

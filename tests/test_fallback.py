@@ -557,6 +557,7 @@ def test_screen_saving_counts_what_the_full_estimate_is_expected_to_find(model, 
     # every tile's look: the model 0.1 (even tiles) or 0.3 bits/dim (odd) above the seed codec
     model_bits = seed_bits + dims * np.where(np.arange(30) % 2, 0.3, 0.1)
     asked, looks = _gains(model, monkeypatch, seed_bits, model_bits)
+    monkeypatch.setattr(api, "SCREEN_FIRST", 30)  # no first stage (of 30 tiles): its own test, below
     sv = api.screen_saving(src, model, api.default_stream_settings(model, 32))
     pick = np.sort(np.random.default_rng(0).choice(30, api.SCREEN_TILES, replace=False))
     assert np.array_equal(asked[0], pick) and looks == [api.SCREEN_N_T]
@@ -570,6 +571,56 @@ def test_screen_saving_counts_what_the_full_estimate_is_expected_to_find(model, 
     assert sv.tiles == round(30 / m * sum(nd.cdf(v) for v in u)) and sv.upper == pytest.approx(sv.bits + api.SCREEN_Z * se)
     sample = api.sample_saving(src, model, api.default_stream_settings(model, 32))
     assert sample.bits == 0 and looks[-1] is None  # the sample: no spread, the full estimate's samples
+
+
+def test_the_screens_first_stage_looks_where_the_seed_codec_spends_most(model, monkeypatch):
+    """screen_first_stage: of the screen's drawn tiles, the SCREEN_FIRST with the most seed codec bits
+    (the first drawn where equal), each from the screen's look; their x = (seed codec - model) / dims,
+    mean m, spread s = max(sd, SCREEN_FIRST_SPREAD_BPD): every tile saves E max(0, D), D ~ N(mu, s^2 +
+    SCREEN_SD_BPD^2), bits at mu = m and upper at m + SCREEN_FIRST_Z s / sqrt(SCREEN_FIRST), over every
+    tile (statistics.NormalDist here). Where the upper is below what the stream needs, it is the
+    screen's answer and the 16 tiles are not looked at; else the screen is the 16 tiles' as before."""
+    from statistics import NormalDist, stdev
+    src = [images.from_array(_gradient(96, 320))]  # 30 tiles of 32px
+    dims, nd = 3 * 32 * 32, NormalDist()
+    seed_bits = 4000.0 + 100 * (np.arange(30) % 7)  # ties among the drawn: the first drawn go first
+    draw = np.random.default_rng(0).choice(30, api.SCREEN_TILES, replace=False)
+    first = np.sort(sorted(draw.tolist(), key=lambda i: -seed_bits[i])[:api.SCREEN_FIRST])
+    assert len(set(seed_bits[first])) < api.SCREEN_FIRST  # (the test covers a tie)
+    ss = api.default_stream_settings(model, 32)
+
+    def expected(x):
+        s = max(stdev(x), api.SCREEN_FIRST_SPREAD_BPD)
+        sd = (s * s + api.SCREEN_SD_BPD ** 2) ** 0.5
+        g = [sd * (nd.pdf(mu / sd) + mu / sd * nd.cdf(mu / sd))
+             for mu in (sum(x) / len(x), sum(x) / len(x) + api.SCREEN_FIRST_Z * s / len(x) ** 0.5)]
+        return 30 * dims * g[0], 30 * dims * g[1], round(30 * nd.cdf(sum(x) / len(x) / sd)), s
+    # the model at parity on every tile but the first stage's, 0.5 - 0.2 bits/dim behind there
+    x_first = [-0.5, -0.4, -0.3, -0.2]
+    model_bits = seed_bits.copy()
+    model_bits[first] = seed_bits[first] - dims * np.array(x_first)
+    asked, looks = _gains(model, monkeypatch, seed_bits, model_bits)
+    sv = api.screen_saving(src, model, ss)
+    bits, upper, k, s = expected(x_first)
+    assert s == pytest.approx(stdev(x_first)) and s > api.SCREEN_FIRST_SPREAD_BPD
+    assert len(asked) == 1 and np.array_equal(asked[0], first) and looks == [api.SCREEN_N_T]
+    assert sv.sampled == api.SCREEN_FIRST and sv.upper < sv.needed
+    assert (sv.bits, sv.upper, sv.tiles) == (pytest.approx(bits), pytest.approx(upper), k)
+    assert sv.needed == pytest.approx(api._saving_needed(30, k, seed_bits.sum()))
+    # all alike: the spread is SCREEN_FIRST_SPREAD_BPD; at parity the stage passes to the 16 tiles
+    for x, rules_out in ((-0.35, True), (0.0, False)):
+        asked.clear()
+        model_bits[:] = seed_bits - dims * x
+        sv = api.screen_saving(src, model, ss)
+        bits, upper, k, s = expected([x] * 4)
+        first_stage = api.screen_first_stage(src, model, ss)
+        assert s == api.SCREEN_FIRST_SPREAD_BPD and first_stage.upper == pytest.approx(upper)
+        assert (first_stage.upper < first_stage.needed) == rules_out
+        if rules_out:
+            assert sv == first_stage and len(asked) == 2
+        else:
+            assert sv.sampled == api.SCREEN_TILES and np.array_equal(asked[1], np.sort(draw))
+            assert sv.bits == pytest.approx(30 / 16 * 16 * dims * api.SCREEN_SD_BPD * nd.pdf(0))
 
 
 def _skipped_by_a_look(model, monkeypatch, arr: np.ndarray, why: str):
@@ -607,8 +658,12 @@ def test_auto_screens_photographs_first(model, monkeypatch):
     monkeypatch.setattr(api, "SCREEN_TILES", 16)
     rep = _skipped_by_a_look(model, monkeypatch, _gradient(100, 160), "screen")  # 4 x 5 tiles
     sv = rep.model_saving
-    assert sv.sampled == 16 and sv.bits < sv.needed
-    assert "a quick look at 16 tiles drawn at random, the model is expected to save" in cli_main._coded_by(rep)
+    assert sv.sampled == api.SCREEN_FIRST and sv.upper < sv.needed  # the first stage rules the ramp out
+    assert ("a quick look at the 4 of 16 tiles drawn at random where the seed codec spends the most, the model is "
+            "expected to save") in cli_main._coded_by(rep)
+    monkeypatch.setattr(api, "SCREEN_FIRST_SPREAD_BPD", 100.0)  # a first stage that never rules out
+    sv = api.screen_saving([images.from_array(_gradient(100, 160))], model, api.default_stream_settings(model, 32))
+    assert sv.sampled == 16 and sv.upper < sv.needed  # the 16 tiles too
 
 
 def test_auto_looks_at_a_sample_first_on_a_large_image(model, monkeypatch):
