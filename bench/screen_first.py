@@ -48,16 +48,17 @@ def first_stage(source, model, tile: int) -> dict | None:
     with shared_analyses():
         seed = api._file_shares(sources, ss)
         first = api.screen_first_stage(sources, model, ss, "cpu", excess, seed)
-        pick = np.sort(api._draw(n, api.SCREEN_TILES))
+        drawn = api._draw(n, api.SCREEN_TILES)  # one RGB image: its tiles are the stream's
+        pick = np.sort(drawn)
         look = api.tile_model_bits(sources, model, tile, "cpu", excess, seed, only=pick, look=api.SCREEN_N_T)
     d, total = seed[pick] - look[pick], api._seed_total(seed)
     screen = api.extrapolated_saving(d, n, n, total, api.SCREEN_SD_BPD * dims, api.SCREEN_Z)
-    order = np.argsort(-seed[pick], kind="stable")  # the 16 by the seed codec's bits, most first
-    again = api.first_stage_saving(d[np.sort(order[:api.SCREEN_FIRST])], n, dims, n, total)
+    ranked = api.by_seed_bits(drawn, seed)  # the 16 as the first stage ranks them: its own are the first 4
+    again = api.first_stage_saving(d[np.searchsorted(pick, np.sort(ranked[:api.SCREEN_FIRST]))], n, dims, n, total)
     return {"tiles": n, "screen_upper": screen.upper, "screen_needed": screen.needed,
             "screen_passes": screen.upper >= screen.needed, "first_ratio": first.upper / first.needed,
             "first_rules_out": first.upper < first.needed, "first_ratio_16s_look": again.upper / again.needed,
-            "best_tile_rank": int(np.flatnonzero(order == int(np.argmax(d)))[0]) + 1,
+            "best_tile_rank": int(np.flatnonzero(ranked == pick[np.argmax(d)])[0]) + 1,
             "model_minus_seed_bpd": (-d / dims).tolist(), "seed_bpd": (seed[pick] / dims).tolist()}
 
 

@@ -661,10 +661,15 @@ def screen_first_stage(sources: list[imgs.SourceImage], model, ss: stream.Stream
     seed = _file_shares(sources, ss) if seed is None else seed
     rgb = np.flatnonzero(_rgb_of(sources, refs))
     n, dims = len(rgb), 3 * ss.tile ** 2
-    drawn = rgb[_draw(n, SCREEN_TILES)]
-    pick = np.sort(drawn[np.argsort(-seed[drawn], kind="stable")[:SCREEN_FIRST]])
+    pick = np.sort(by_seed_bits(rgb[_draw(n, SCREEN_TILES)], seed)[:SCREEN_FIRST])
     model_bits = tile_model_bits(sources, model, ss.tile, device, excess_bpd, seed, only=pick, look=SCREEN_N_T)
     return first_stage_saving(seed[pick] - model_bits[pick], n, dims, len(refs), _seed_total(seed))
+
+
+def by_seed_bits(tiles: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """These tiles (the screen's, in the order drawn) by the seed codec's bits on them (seed), most
+    first, the first drawn first where equal: screen_first_stage takes the first SCREEN_FIRST."""
+    return tiles[np.argsort(-seed[tiles], kind="stable")]
 
 
 def first_stage_saving(d: np.ndarray, n: int, dims: int, n_refs: int, seed_total: float) -> Saving:
