@@ -23,6 +23,13 @@ cifar10-21 (0.9.47's), since 0.9.58 not cifar10-22 (0.9.48's), since 0.9.59 not 
 0.9.61's photo), and since 0.10.1 not photo-7 (0.9.62 - 0.9.63's photo). Their files (the three
 float32 ones, cifar10-x1 to -x26, photo-x1, photo-x6, photo-x7) must get one error naming the release
 and the commit that have the model, and must decode with the model file taken from that commit.
+
+Since December 2026 the models' exact-arithmetic files are decoded once per decode key (the model's
+config, the header's completed settings, the format version, the mode, images, setup and stream
+settings: `_decode_key`), the newest file of each, whether its model ships or is retired; files alike
+in all of that take the same code paths with other weights. Decoding all of them took 7 of the
+suite's 28 minutes on CI's 2 cores; every file's model is still found (by sha256), and five files
+of retired models never decoded before (cifar10-x1, -x2, -x6, -x7 and photo-x1) are decoded now.
 """
 import importlib.util
 import re
@@ -159,11 +166,6 @@ def _retired(path: Path) -> bool:
     return not path.stem.startswith("seed-") and zoo.retired_name(header["model"]["sha256"]) is not None
 
 
-@pytest.mark.parametrize("path", [p for p in FILES if _arith(p) == "exact64" and not _retired(p)], ids=lambda p: p.stem)
-def test_exact_golden_file_decodes_to_its_pngs(path):
-    _same(_decode(path), path)
-
-
 @pytest.mark.parametrize("path", [p for p in FILES if _retired(p)], ids=lambda p: p.stem)
 def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path, tmp_path):
     """One error (exit 5, no output written) naming the last release that shipped the model and the
@@ -195,45 +197,160 @@ def test_a_retired_models_file_is_refused_with_the_way_to_decode_it(path, tmp_pa
 def _model_from_its_commit(path: Path, into: Path):
     """The retired model of a golden file, from the commit its index entry names (what the error
     tells users to do); skips where this is no git checkout with that commit (an installed copy)."""
-    import subprocess
-
     from scoreflow_codec.modelfile import load_model_file
 
-    header = api.read_header(path.read_bytes())
-    entry = zoo.retired_models()[zoo.retired_name(header["model"]["sha256"])]
-    blob = subprocess.run(["git", "-C", str(GOLDEN), "show", f"{entry['commit']}:{entry['path']}"], capture_output=True)
-    if blob.returncode != 0:
-        pytest.skip(f"not a git checkout with commit {entry['commit']} (an installed copy): {blob.stderr[:100]!r}")
-    (into / entry["file"]).write_bytes(blob.stdout)
+    entry = _retired_entry(path)
+    blob = _git_blob(entry)
+    if blob is None:
+        pytest.skip(f"not a git checkout with commit {entry['commit']} (an installed copy)")
+    (into / entry["file"]).write_bytes(blob)
     model = load_model_file(into / entry["file"])
-    assert model.sha256 == entry["sha256"] == header["model"]["sha256"]
+    assert model.sha256 == entry["sha256"] == api.read_header(path.read_bytes())["model"]["sha256"]
     return model
+
+
+def _retired_entry(path: Path) -> dict:
+    return zoo.retired_models()[zoo.retired_name(api.read_header(path.read_bytes())["model"]["sha256"])]
+
+
+def _git_blob(entry: dict) -> bytes | None:
+    """A retired model's file as its commit holds it, or None outside a git checkout with it."""
+    import subprocess
+
+    blob = subprocess.run(["git", "-C", str(GOLDEN), "show", f"{entry['commit']}:{entry['path']}"], capture_output=True)
+    return blob.stdout if blob.returncode == 0 else None
 
 
 def _one_per_retire_commit() -> list[Path]:
     """For each commit the index's retired entries name, the newest exact-arithmetic golden file whose
-    model that commit holds: one model of each retire, one decode each (derived from the index, so
-    `trainer retire` adds its case without an edit here)."""
+    model that commit holds (derived from the index, so `trainer retire` adds its case without an edit
+    here)."""
     newest: dict[str, Path] = {}
     for p in FILES:
         if _arith(p) != "exact64" or not _retired(p):
             continue
-        entry = zoo.retired_models()[zoo.retired_name(api.read_header(p.read_bytes())["model"]["sha256"])]
-        best = newest.get(entry["commit"])
+        best = newest.get(_retired_entry(p)["commit"])
         if best is None or (_release(p), p.stem) > (_release(best), best.stem):
-            newest[entry["commit"]] = p
+            newest[_retired_entry(p)["commit"]] = p
     return sorted(newest.values(), key=_release)
 
 
+def _model_file(path: Path) -> bytes | None:
+    """The file of a golden file's model as it is stored (perhaps xz-compressed): the zoo's, or a retired
+    model's in its commit (None outside a git checkout with it: an installed copy)."""
+    name = zoo.shipped_name(api.read_header(path.read_bytes())["model"]["sha256"])
+    if name is None:
+        return _git_blob(_retired_entry(path))
+    return (Path(zoo.__file__).parent / "zoo" / zoo.read_index()["models"][name]["file"]).read_bytes()
+
+
+def _model_config(path: Path) -> str:
+    """The config a golden file's model was built from (its safetensors metadata, read from the first
+    bytes of its file), as canonical JSON; the model's sha256 where that file cannot be read."""
+    import json
+    import lzma
+
+    from scoreflow_codec.modelfile import XZ_MAGIC
+
+    data = _model_file(path)
+    if data is None:
+        return api.read_header(path.read_bytes())["model"]["sha256"]
+    if data.startswith(XZ_MAGIC):  # the first bytes of an xz-compressed file: its header
+        d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        first = d.decompress(data, max_length=8)
+        data = first + d.decompress(b"", max_length=int.from_bytes(first, "little"))
+    n = int.from_bytes(data[:8], "little")
+    config = json.loads(json.loads(data[8:8 + n])["__metadata__"]["config"])
+    config.pop("info", None), config.pop("name", None)  # names and training notes: nothing the decoder reads
+    return json.dumps(config, sort_keys=True)
+
+
+def _decode_key(path: Path) -> str:
+    """What decides how a model's golden file decodes: its model's config (not the weights), the
+    header's settings as the decoder completes them, the format version, the mode, the images, the
+    setup and the stream's settings. Files alike in all of it take the same code paths."""
+    import json
+
+    data = path.read_bytes()
+    h = api.read_header(data)
+    return json.dumps([_model_config(path), api.full_settings(h), container.format_version(data), h["mode"],
+                       h["images"], h.get("setup"), h.get("stream")], sort_keys=True, default=str)
+
+
+def _one_per_decode_key() -> list[Path]:
+    """Every seed-only file, and for each decode key of the models' exact-arithmetic files the newest
+    file that has it (decoding files alike in all of it again took CI's 2 cores 7 minutes; their models
+    are each checked: test_every_exact_model_file_has_its_model)."""
+    newest: dict[str, Path] = {}
+    for p in FILES:
+        if _arith(p) != "exact64":
+            continue
+        key = p.stem if p.stem.startswith("seed-") else _decode_key(p)
+        best = newest.get(key)
+        if best is None or (_release(p), p.stem) > (_release(best), best.stem):
+            newest[key] = p
+    return sorted(newest.values(), key=lambda p: p.stem)
+
+
 RETIRE_CASES = _one_per_retire_commit()  # once, at collection: every golden file's header read
+DECODE_CASES = _one_per_decode_key()
+
+
+@pytest.mark.parametrize("path", DECODE_CASES, ids=lambda p: p.stem)
+def test_exact_golden_file_decodes_to_its_pngs(path, tmp_path):
+    """Shipped models' files with the zoo's model, retired ones' with the model file from the commit
+    the error names (what it tells users to do)."""
+    if _retired(path):
+        _same(api.decompress(path.read_bytes(), _model_from_its_commit(path, tmp_path)), path)
+    else:
+        _same(_decode(path), path)
+
+
+def test_golden_files_decode_alike_as_their_keys_say():
+    """The decode cases cover every kind of file: the seed codec's, shipped and retired models', both
+    families, files of a release before and after 0.9.13's chain factors (kappa_top); at least two
+    model configs per family, and fewer cases than files."""
+    stems = {p.stem for p in DECODE_CASES}
+    exact = [p for p in FILES if _arith(p) == "exact64"]
+    assert {p.stem for p in exact if p.stem.startswith("seed-")} <= stems
+    models = [p for p in DECODE_CASES if not p.stem.startswith("seed-")]
+    assert any(_retired(p) for p in models) and any(not _retired(p) for p in models)
+    for family in ("cifar10", "photo"):
+        assert len({_model_config(p) for p in models if p.stem.startswith(family + "-")}) >= 2, family
+    assert {api.full_settings(api.read_header(p.read_bytes()))[0]["kappa_top"] for p in models} == {0, 2}
+    assert len(DECODE_CASES) < len(exact)
+
+
+def test_every_exact_model_file_has_its_model():
+    """Every model's file, decoded or not (a file is decoded where it is its decode key's newest): the
+    model file it needs, the zoo's or the one in the commit that its retired model's error names, has
+    the sha256 in its header."""
+    import hashlib
+    import lzma
+
+    from scoreflow_codec.modelfile import XZ_MAGIC
+
+    missing = []
+    for p in FILES:
+        if _arith(p) != "exact64" or p.stem.startswith("seed-"):
+            continue
+        data = _model_file(p)
+        if data is None:
+            missing.append(p.stem)
+            continue
+        data = lzma.decompress(data, format=lzma.FORMAT_XZ) if data.startswith(XZ_MAGIC) else data
+        assert hashlib.sha256(data).hexdigest() == api.read_header(p.read_bytes())["model"]["sha256"], p.stem
+    if missing:
+        pytest.skip(f"not a git checkout with the retired models' commits (an installed copy): {missing}")
 
 
 @pytest.mark.parametrize("path", RETIRE_CASES, ids=lambda p: p.stem)
-def test_a_retired_models_file_decodes_with_the_file_from_its_commit(path, tmp_path):
-    """The way the error gives: the model file from the commit it names, passed as --model, for one
-    file per retire commit (since 0.9.43 each ship retired one or more models; at least six commits)."""
+def test_a_retired_models_commit_holds_its_model(path, tmp_path):
+    """The way the error gives: the model file from the commit it names loads as a model of the
+    file's sha256, for one file per retire commit (since 0.9.43 each ship retired one or more models;
+    at least six commits). Files of each decode key are decoded by test_exact_golden_file_decodes_to_its_pngs."""
     assert len(RETIRE_CASES) >= 6
-    _same(api.decompress(path.read_bytes(), _model_from_its_commit(path, tmp_path)), path)
+    _model_from_its_commit(path, tmp_path)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if _arith(p) == "float32"], ids=lambda p: p.stem)
