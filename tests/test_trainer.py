@@ -38,11 +38,12 @@ def _cfg(data, **kw):
 
 
 def test_tiny_model_learns(cifar_small, tmp_path):
-    """The README's tiny run, shortened: the held-out bound falls clearly."""
+    """The README's tiny run, shortened: the held-out bound falls clearly (16.27 -> 10.64 bits/dim
+    here at 30 steps, 5.85 at 100; until December 2026 it ran 100 steps, 1 - 1.5 minutes in the suite)."""
     torch.manual_seed(0)
     first = train(_cfg(cifar_small, steps=1), tmp_path / "a", progress=False)
-    last = train(_cfg(cifar_small, steps=100), tmp_path / "a", progress=False)
-    assert last["step"] == 100
+    last = train(_cfg(cifar_small, steps=30), tmp_path / "a", progress=False)
+    assert last["step"] == 30
     assert last["eval_bound_bpd"] < first["eval_bound_bpd"] - 1.0, (first, last)
     recs = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert any("images_per_s" in r for r in recs) and any("train_bound_bpd" in r for r in recs)
