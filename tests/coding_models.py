@@ -6,7 +6,7 @@ import torch
 
 from scoreflow_codec.coding.ans import Message, padding_words
 from scoreflow_codec.dequant import UniformDequantizer
-from scoreflow_codec.modelfile import LoadedModel
+from scoreflow_codec.modelfile import LoadedModel, save_model
 from scoreflow_codec.models.gaussian import GaussianScoreModel
 from scoreflow_codec.sde import VPSDE
 
@@ -31,6 +31,26 @@ def loaded_gaussian(size: int = 32, seed: int = 0, spread=(0.2, 0.5)) -> LoadedM
     model, _ = gaussian_model((3, size, size), seed, spread=spread)
     return LoadedModel(name="gaussian-test", sha256="ab" * 32, config={}, model=model,
                        dequantizer=UniformDequantizer(), sde=model.sde)
+
+
+def tiny_model_file(path, seed: int, randomise_zeros: bool = False, metadata: dict | None = None):
+    """The trainer's `tiny` preset, untrained, exported to path (a .safetensors the CLI and the bench
+    take as --model): seconds where the shipped models take minutes. As built, its zero-initialised
+    output layers make its score 0 (the probability-flow ODE is then linear, cheap to solve); with
+    randomise_zeros they are drawn (std 0.05) instead, a model whose every layer matters."""
+    from scoreflow_codec.models.presets import build
+    from scoreflow_codec.sde import SDEConfig
+
+    torch.manual_seed(seed)
+    model, deq = build("tiny", SDEConfig(kind="vp"))
+    if randomise_zeros:
+        with torch.no_grad():
+            for m in (model, deq):
+                for q in m.parameters():
+                    if q.abs().sum() == 0:
+                        q.normal_(0, 0.05)
+    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}}, metadata=metadata)
+    return path
 
 
 class MixtureScoreModel(torch.nn.Module):

@@ -34,11 +34,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 from cli.main import cli
+from coding_models import tiny_model_file
 from deep_files import png16_by_hand, tiff16_by_hand, with_chunk
 from scoreflow_codec import api, images
-from scoreflow_codec.modelfile import save_model
-from scoreflow_codec.models.presets import build
-from scoreflow_codec.sde import SDEConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # Few steps for speed: files are large, but lossless at any step count.
@@ -113,20 +111,13 @@ def _tiff48(path: Path) -> Path:
 
 
 # --- fixtures ---------------------------------------------------------------------------------
-def _tiny_model(path: Path, seed: int) -> Path:
-    """The tiny preset, untrained, exported. (Randomising its zero-initialised output layers, as
-    tests/test_modelfile.py does, gives a model the codec cannot code with at all: "encoding
-    failed (gaussian: values must satisfy |x| < 2**62)" at any step count.)"""
-    torch.manual_seed(seed)
-    model, deq = build("tiny", SDEConfig(kind="vp"))
-    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}})
-    return path
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("models")
-    return {"A": _tiny_model(d / "tiny_a.safetensors", 0), "B": _tiny_model(d / "tiny_b.safetensors", 1)}
+    # untrained, as built: randomising its zero-initialised output layers (tests/test_modelfile.py)
+    # gives a model the codec cannot code with at all ("encoding failed (gaussian: values must
+    # satisfy |x| < 2**62)" at any step count)
+    return {"A": tiny_model_file(d / "tiny_a.safetensors", 0), "B": tiny_model_file(d / "tiny_b.safetensors", 1)}
 
 
 @pytest.fixture(scope="module")

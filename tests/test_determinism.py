@@ -15,34 +15,21 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from coding_models import tiny_model_file
 from scoreflow_codec import api, container, images
 from scoreflow_codec.coding import stream
 from scoreflow_codec.coding.seed_codec import LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS
 from scoreflow_codec.coding.stream import StreamSettings
 from scoreflow_codec.errors import BadFileError, DecodeMismatchError, ModelMismatchError
-from scoreflow_codec.modelfile import load_model_file, save_model
-from scoreflow_codec.models.presets import build
-from scoreflow_codec.sde import SDEConfig
+from scoreflow_codec.modelfile import load_model_file
 
 SETTINGS = {"steps": 16}
 STREAM = StreamSettings(n_seed=1)
 
 
-def _tiny_model_file(path, seed):
-    torch.manual_seed(seed)
-    model, deq = build("tiny", SDEConfig(kind="vp"))
-    with torch.no_grad():
-        for m in (model, deq):
-            for p in m.parameters():
-                if p.abs().sum() == 0:
-                    p.normal_(0, 0.05)
-    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}}, metadata={})
-    return path
-
-
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    return _tiny_model_file(tmp_path_factory.mktemp("m") / "tiny.safetensors", 0)
+    return tiny_model_file(tmp_path_factory.mktemp("m") / "tiny.safetensors", 0, randomise_zeros=True, metadata={})
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +261,7 @@ def test_mismatched_setup_is_refused(encoded, model, tmp_path):
         api.decompress(_repack(encoded, dtype="float64"), model)
     with pytest.raises(ModelMismatchError, match="exact arithmetic.*CPU"):
         api.decompress(_repack(encoded, dtype="exact64"), model, device="cuda")
-    other = load_model_file(_tiny_model_file(tmp_path / "other.safetensors", 1))
+    other = load_model_file(tiny_model_file(tmp_path / "other.safetensors", 1, randomise_zeros=True, metadata={}))
     with pytest.raises(ModelMismatchError, match="sha256") as e:
         api.decompress(encoded, other)
     assert "tiny-0" in str(e.value) and "tiny-1" in str(e.value)
