@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="skip the whole-set stream (it codes every image a second time; on large "
                         "images it differs from the single files only by the per-file overhead)")
     p.add_argument("--quick", action="store_true",
-                   help="4 CIFAR-10 test images + one 64x48 crop, instead of SET_OR_PATH; with a "
+                   help="2 CIFAR-10 test images + one 64x32 crop, instead of SET_OR_PATH; with a "
                         "scoreflow column it also codes with 16 steps and evaluates loosely (CI smoke test)")
     args = p.parse_args(argv)
     args.argv = sys.argv if argv is None else [p.prog, *argv]

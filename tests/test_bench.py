@@ -16,6 +16,7 @@ from PIL import Image
 
 from bench import classical, datasets
 from bench.run import parse_codecs, scoreflow_label
+from coding_models import tiny_model_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,7 @@ def test_named_sets(shared_data, monkeypatch):
         if shape:
             assert s.images[0].shape == shape
     q = datasets.quick_set()
-    assert len(q) == 5 and q.images[-1].shape == (48, 64, 3)
+    assert len(q) == 3 and q.images[-1].shape == (32, 64, 3)
 
 
 # --- scoreflow side and the CLI -----------------------------------------------------------
@@ -164,15 +165,15 @@ def test_cli_quick_classical(shared_data, tmp_path):
     (outdir,) = tmp_path.iterdir()
     assert outdir.name.endswith("_quick")
     res = json.loads((outdir / "results.json").read_text())
-    assert res["set"]["n_images"] == 5
+    assert res["set"]["n_images"] == 3
     assert {"cpu", "cores", "os", "python", "versions", "git"} <= set(res["machine"])
     assert res["published_reference"]["values"]["PNG"] == 5.87
     measured = {s["codec"] for s in res["summary"]}
     assert measured | set(res["skipped"]) == set(classical.BY_NAME)
     assert all(s["lossless"] for s in res["summary"])
-    assert len(res["per_image"]) == 5 * len(measured)
+    assert len(res["per_image"]) == 3 * len(measured)
     rows = (outdir / "results.csv").read_text().splitlines()
-    assert len(rows) == 1 + 5 * len(measured)
+    assert len(rows) == 1 + 3 * len(measured)
     for plot in ("bpd_per_codec.png", "time_vs_bpd.png"):
         assert (outdir / plot).stat().st_size > 1000
 
@@ -207,7 +208,7 @@ def test_cli_quick_scoreflow(shared_data, tmp_path):
     assert res["scoreflow"]["stream"]["lossless"]
     assert res["settings"]["scoreflow"] == "model=auto mode=chain steps=16 device=cpu arith=exact64"  # --quick's steps
     rows = [row for row in res["per_image"] if row["codec"] == "scoreflow"]
-    assert len(rows) == 5 and all(row["lossless"] for row in rows)
+    assert len(rows) == 3 and all(row["lossless"] for row in rows)
     for row in rows:
         assert 0 < row["ode_nll_bpd"] < 16 and 0 < row["bound_bpd"] < 16 and 0 < row["bpd"] < 16
     assert (outdir / "actual_vs_nll.png").stat().st_size > 1000
@@ -221,7 +222,8 @@ def test_jobs_give_the_same_files(tmp_path):
     folder.mkdir()
     for k, (h, w) in enumerate([(64, 96), (64, 80), (72, 96)]):  # some tiles past the seed
         Image.fromarray(np.roll(_image(3, h, w), 7 * k, axis=1)).save(folder / f"im{k}.png")
-    common = (str(folder), "--codecs", "scoreflow", "--model", "cifar10", "--no-nll", "--no-stream",
+    model = str(tiny_model_file(tmp_path / "tiny.safetensors", 0))  # the tiny preset: the same code paths in seconds
+    common = (str(folder), "--codecs", "scoreflow", "--model", model, "--no-nll", "--no-stream",
               "--setting", "steps=4", "--eval-n-t", "4", "--threads", "1")
     res = {}
     for jobs in (1, 2):
@@ -420,18 +422,19 @@ def test_large_image_bench_follows_the_cli_defaults(tmp_path, capsys):
     """bench/large_image.py: an image through compress and decompress as `sfcodec compress` codes it
     (--model auto: the photo model above 64x64; --fallback auto), one JSON line with which coder made
     the file, its size against both coders' and the peak memory; --fallback off writes the model's
-    stream (no seed codec file). (Its default is a 4000x3000 image; here 80x72 from a synthetic one.)"""
+    stream (no seed codec file). (Its default is a 4000x3000 image; here 72x64 from a synthetic one, two
+    of the photo model's tiles: 80x72's four made the test a minute.)"""
     from bench.large_image import main as large_image
 
-    Image.fromarray(_image(3, 72, 80)).save(tmp_path / "a.png")
-    assert large_image(["--image", str(tmp_path / "a.png"), "--size", "80x72", "--threads", "1", "--no-progress"]) == 0
+    Image.fromarray(_image(3, 64, 72)).save(tmp_path / "a.png")
+    assert large_image(["--image", str(tmp_path / "a.png"), "--size", "72x64", "--threads", "1", "--no-progress"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (r["model"], r["fallback"], r["identical"], r["width"], r["height"]) == ("photo", "auto", True, 80, 72)
+    assert (r["model"], r["fallback"], r["identical"], r["width"], r["height"]) == ("photo", "auto", True, 72, 64)
     assert r["file_bytes"] == min(b for b in (r["seed_bytes"], r["model_bytes"]) if b is not None)
     assert r["coded_by"] in ("seed", "model") and r["peak_rss_mib"] >= r["peak_rss_mib_encode"] > 0
     # why, where not coded
     assert (r["model_bytes"] is None) == (r["model_skipped"] in ("saving", "sample", "screen", "small"))
-    assert large_image(["--image", str(tmp_path / "a.png"), "--size", "80x72", "--threads", "1", "--no-progress",
+    assert large_image(["--image", str(tmp_path / "a.png"), "--size", "72x64", "--threads", "1", "--no-progress",
                         "--model", "cifar10", "--fallback", "off", "--steps", "4"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (r["model"], r["seed_bytes"], r["model_bytes"], r["identical"]) == ("cifar10", None, r["file_bytes"], True)
@@ -588,21 +591,23 @@ def _decode_flips_a_pixel(monkeypatch) -> None:
 
 def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
     """bench/own_stream.py: each image its own stream with seed tiles "first" (only as many as the chain
-    needs), decoded identical: a 128x128 noisy image of sixteen 32px tiles through cifar10 at 4 steps has
-    model tiles; a decode that differs raises and prints no line."""
+    needs), decoded identical: a 128x128 noisy image of sixteen 32px tiles through a model at 4 steps has
+    model tiles; a decode that differs raises and prints no line. The model is the trainer's tiny preset,
+    untrained (the same code paths as the shipped cifar10's, which took a minute of the suite here)."""
     from bench import own_stream
 
     rng = np.random.default_rng(2)
     Image.fromarray(rng.integers(0, 256, (128, 128, 3)).astype(np.uint8)).save(tmp_path / "s.png")
-    assert own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1"]) == 0
+    model = str(tiny_model_file(tmp_path / "tiny.safetensors", 0))
+    assert own_stream.main([str(tmp_path / "s.png"), "--model", model, "--steps", "4", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["identical"] and out["model"] == "cifar10" and out["threads"] == 1
+    assert out["identical"] and out["model"] == "tiny-0" and out["threads"] == 1
     assert out["seed_tiles"][1] == 16 and out["seed_tiles"][0] < 16
     assert out["bpd"] == pytest.approx(8 * out["bytes"] / (128 * 128 * 3))
     # --seed-tiles fixes the first N; the model's and the seed tiles' own rates make up the file, less
-    # its header and the stream's few signal bits (uniform noise: the seed codec about 8 bits/dim, a
-    # 4-step chain far more)
-    assert own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1",
+    # its header and the stream's few signal bits (uniform noise: the seed codec about 8 bits/dim, an
+    # untrained model's 4-step chain far more: 95)
+    assert own_stream.main([str(tmp_path / "s.png"), "--model", model, "--steps", "4", "--threads", "1",
                             "--seed-tiles", "5", "--arith", "float32"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["seed_tiles"] == [5, 16] and out["arith"] == "float32" and out["identical"]
@@ -614,7 +619,7 @@ def test_own_stream_codes_the_models_own_tiles(tmp_path, capsys, monkeypatch):
 
     _decode_flips_a_pixel(monkeypatch)  # a decode that differs is never reported as a file
     with pytest.raises(DecodeMismatchError):
-        own_stream.main([str(tmp_path / "s.png"), "--model", "cifar10", "--steps", "4", "--threads", "1"])
+        own_stream.main([str(tmp_path / "s.png"), "--model", model, "--steps", "4", "--threads", "1"])
     assert capsys.readouterr().out == ""
 
 
@@ -748,7 +753,9 @@ def test_ode_sample_runs_parts_resumes_and_estimates(tmp_path, capsys):
     data = np.stack([_image(3, 16, 16)[..., ::-1] if k % 2 else np.roll(_image(3, 16, 16), k, 1) for k in range(5)])
     np.savez(tmp_path / "five.npz", images=data)
     work = tmp_path / "s"
-    common = ["--model", "cifar10", "--data", str(tmp_path / "five.npz"), "--n", "3", "--part", "2", "--seed", "3",
+    # the tiny preset, untrained: the same code paths (the shipped cifar10's stiff ODE: 85 s for the test)
+    model = str(tiny_model_file(tmp_path / "tiny.safetensors", 0))
+    common = ["--model", model, "--data", str(tmp_path / "five.npz"), "--n", "3", "--part", "2", "--seed", "3",
               "--rtol", "1e-2", "--atol", "1e-2", "--n-t", "4"]
     assert ode_sample(["run", str(work), *common, "--workers", "2"]) == 0
     man = json.loads((work / "manifest.json").read_text())
