@@ -33,23 +33,30 @@ def loaded_gaussian(size: int = 32, seed: int = 0, spread=(0.2, 0.5)) -> LoadedM
                        dequantizer=UniformDequantizer(), sde=model.sde)
 
 
-def tiny_model_file(path, seed: int, randomise_zeros: bool = False, metadata: dict | None = None):
-    """The trainer's `tiny` preset, untrained, exported to path (a .safetensors the CLI and the bench
-    take as --model): seconds where the shipped models take minutes. As built, its zero-initialised
-    output layers make its score 0 (the probability-flow ODE is then linear, cheap to solve); with
-    randomise_zeros they are drawn (std 0.05) instead, a model whose every layer matters."""
+def tiny_preset(seed: int = 0, randomise_zeros: bool = False, sde: str = "vp"):
+    """The trainer's `tiny` preset, untrained, in eval mode: (model, dequantizer). As built, its
+    zero-initialised output layers make its score 0 (the probability-flow ODE is then linear, cheap to
+    solve); with randomise_zeros they are drawn (std 0.05) instead, as if trained: a model whose every
+    layer matters."""
     from scoreflow_codec.models.presets import build
     from scoreflow_codec.sde import SDEConfig
 
     torch.manual_seed(seed)
-    model, deq = build("tiny", SDEConfig(kind="vp"))
+    model, deq = build("tiny", SDEConfig(kind=sde))
     if randomise_zeros:
         with torch.no_grad():
             for m in (model, deq):
                 for q in m.parameters():
                     if q.abs().sum() == 0:
                         q.normal_(0, 0.05)
-    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}}, metadata=metadata)
+    return model.eval(), deq.eval()
+
+
+def tiny_model_file(path, seed: int, randomise_zeros: bool = False, metadata: dict | None = None):
+    """`tiny_preset(seed, randomise_zeros)` exported to path (a .safetensors the CLI and the bench take
+    as --model), named tiny-SEED: seconds where the shipped models take minutes."""
+    model, deq = tiny_preset(seed, randomise_zeros)
+    save_model(path, model, deq, {"preset": "tiny", "info": {"name": f"tiny-{seed}"}}, metadata=metadata)
     return path
 
 

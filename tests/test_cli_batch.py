@@ -21,9 +21,6 @@ from cli import batch
 from cli.main import cli
 from scoreflow_codec import images
 from scoreflow_codec.coding import workers
-from scoreflow_codec.modelfile import save_model
-from scoreflow_codec.models.presets import build
-from scoreflow_codec.sde import SDEConfig
 
 EXIT = {"usage": 2, "image": 3, "sfc": 4, "model": 5, "exists": 6}
 SEED = ("--fallback", "seed")  # the seed codec alone: no model, seconds per file
@@ -309,11 +306,10 @@ def test_a_file_of_several_images_decompresses_into_its_own_directory(photos, tm
 def test_a_model_coded_file_in_a_batch(tmp_path):
     """Files of the model's stream, coded in worker processes (forked from this one, torch loaded: one
     thread each), are the bytes `-o` makes and decode identical."""
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    model, deq = build("tiny", SDEConfig(kind="vp"))
-    mpath = tmp_path / "tiny.safetensors"
-    save_model(mpath, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": "tiny"}})
+    pytest.importorskip("torch")
+    from coding_models import tiny_model_file
+
+    mpath = tiny_model_file(tmp_path / "tiny.safetensors", 0)
     ins = [_image(tmp_path / f"m{k}.png", k, (64, 32)) for k in range(2)]
     opts = ("--model", mpath, "--fallback", "off", "--steps", "4")
     d = tmp_path / "d"

@@ -9,26 +9,13 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from safetensors.torch import save_file
 
+from coding_models import tiny_preset
 from scoreflow_codec import modelfile, zoo
 from scoreflow_codec.dequant import DequantConfig, UniformDequantizer
 from scoreflow_codec.errors import ModelError
 from scoreflow_codec.modelfile import load_model_file, save_model
-from scoreflow_codec.models.presets import build
-from scoreflow_codec.sde import SDEConfig
 
 torch.set_num_threads(1)
-
-
-def _trained_like(seed: int = 0, sde: str = "vp"):
-    """The tiny preset with every zero-initialised weight randomised (as if trained)."""
-    torch.manual_seed(seed)
-    model, deq = build("tiny", SDEConfig(kind=sde))
-    with torch.no_grad():
-        for m in (model, deq):
-            for p in m.parameters():
-                if p.abs().sum() == 0:
-                    p.normal_(0, 0.05)
-    return model.eval(), deq.eval()
 
 
 def _outputs(model, deq):
@@ -42,7 +29,7 @@ def _outputs(model, deq):
 
 @pytest.mark.parametrize("sde", ["vp", "ve"])
 def test_round_trip_is_bit_exact(tmp_path, sde):
-    model, deq = _trained_like(sde=sde)
+    model, deq = tiny_preset(randomise_zeros=True, sde=sde)
     path = tmp_path / "m.safetensors"
     sha = save_model(path, model, deq, {"preset": "tiny", "info": {"name": "toy"}}, metadata={"steps": 3})
     assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -62,7 +49,7 @@ def test_round_trip_is_bit_exact(tmp_path, sde):
 
 
 def test_uniform_dequantizer_and_key_prefixes(tmp_path):
-    model, _ = _trained_like()
+    model, _ = tiny_preset(randomise_zeros=True)
     path = tmp_path / "u.safetensors"
     save_model(path, model, UniformDequantizer(DequantConfig(kind="uniform", channel_groups=1)), {})
     tensors = st_load(path.read_bytes())
@@ -72,7 +59,7 @@ def test_uniform_dequantizer_and_key_prefixes(tmp_path):
 
 
 def test_float16_export(tmp_path):
-    model, deq = _trained_like()
+    model, deq = tiny_preset(randomise_zeros=True)
     p32, p16 = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_model(p32, model, deq, {}, dtype="float32")
     save_model(p16, model, deq, {}, dtype="float16")
@@ -91,14 +78,14 @@ def test_float16_export(tmp_path):
 
 
 def test_config_must_match_modules(tmp_path):
-    model, deq = _trained_like()
+    model, deq = tiny_preset(randomise_zeros=True)
     with pytest.raises(ValueError, match="unet"):
         save_model(tmp_path / "x.safetensors", model, deq, {"unet": {"channels": 999}})
 
 
 # --- bad files ------------------------------------------------------------------------------
 def _good(tmp_path) -> Path:
-    model, deq = _trained_like()
+    model, deq = tiny_preset(randomise_zeros=True)
     path = tmp_path / "good.safetensors"
     save_model(path, model, deq, {})
     return path
@@ -162,7 +149,7 @@ def test_a_file_may_carry_its_coding_defaults(tmp_path, monkeypatch):
     otherwise; a zoo entry's own defaults take precedence; bad values are refused on saving."""
     from scoreflow_codec import api
 
-    model, deq = _trained_like()
+    model, deq = tiny_preset(randomise_zeros=True)
     path = tmp_path / "mine.safetensors"
     save_model(path, model, deq, {"codec": {"tile": 64, "chain_steps": 96}})
     lm = load_model_file(path)
@@ -304,7 +291,7 @@ def test_a_shipped_model_given_by_path_keeps_its_defaults(tmp_path, monkeypatch)
     """The coding defaults (tile, chain steps) follow the model's bytes, not how it was named: the
     packaged file given by path codes like its name; another file keeps the built-in defaults."""
     good = _good(tmp_path)
-    model, deq = _trained_like()
+    model, deq = tiny_preset(randomise_zeros=True)
     torch.nn.init.zeros_(next(model.parameters()))  # other weights, another sha256
     other = tmp_path / "other.safetensors"
     save_model(other, model, deq, {})

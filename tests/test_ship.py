@@ -8,10 +8,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from coding_models import tiny_model_file, tiny_preset
 from scoreflow_codec import zoo
-from scoreflow_codec.models.presets import build
 from scoreflow_codec.modelfile import save_model
-from scoreflow_codec.sde import SDEConfig
 from trainer.__main__ import main
 
 torch.set_num_threads(1)
@@ -30,13 +29,6 @@ The default model. Its training curve is `toy_curve.png`.
 """
 
 
-def _model(path, seed):
-    torch.manual_seed(seed)
-    model, deq = build("tiny", SDEConfig(kind="vp"))
-    save_model(path, model.eval(), deq.eval(), {"preset": "tiny", "info": {"name": f"tiny-{seed}"}})
-    return path
-
-
 def _sha(p):
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
@@ -51,7 +43,7 @@ def zoo_dir(tmp_path, monkeypatch):
     """A zoo with `toy` (model, card, curve) and an older `toy-1`."""
     z = tmp_path / "zoo"
     z.mkdir()
-    m0, m1 = _model(z / "toy-1.safetensors", 0), _model(z / "toy.safetensors", 1)
+    m0, m1 = tiny_model_file(z / "toy-1.safetensors", 0), tiny_model_file(z / "toy.safetensors", 1)
     (z / "toy.md").write_text(OLD_CARD)
     (z / "toy-1.md").write_text("# Model card: `toy-1`\n")
     (z / "toy_curve.png").write_bytes(b"curve-of-toy")
@@ -67,7 +59,7 @@ def zoo_dir(tmp_path, monkeypatch):
 def test_ship_renames_the_old_model_and_both_load(zoo_dir, tmp_path):
     old_bytes = (zoo_dir / "toy.safetensors").read_bytes()
     old_sha = hashlib.sha256(old_bytes).hexdigest()
-    new = _model(tmp_path / "new.safetensors", 2)
+    new = tiny_model_file(tmp_path / "new.safetensors", 2)
     card = tmp_path / "card.md"
     card.write_text("# Model card: `toy`\n\nthe new one\n")
     r = _ship(new, "--as", "toy", "--keep-as", "toy-2", "--description", "the new toy", "--old-version", "0.1.0",
@@ -101,7 +93,7 @@ def test_ship_renames_the_old_model_and_both_load(zoo_dir, tmp_path):
 
 
 def test_ship_without_a_card_keeps_the_old_text_and_says_so(zoo_dir, tmp_path):
-    new = _model(tmp_path / "new.safetensors", 2)
+    new = tiny_model_file(tmp_path / "new.safetensors", 2)
     r = _ship(new, "--as", "toy", "--keep-as", "toy-2", "--description", "d", "--zoo", zoo_dir)
     assert r.exit_code == 0, r.output
     assert (zoo_dir / "toy.md").read_text() == OLD_CARD
@@ -110,7 +102,7 @@ def test_ship_without_a_card_keeps_the_old_text_and_says_so(zoo_dir, tmp_path):
 
 def test_ship_a_new_name_into_an_empty_zoo(tmp_path):
     z = tmp_path / "empty"
-    new = _model(tmp_path / "m.safetensors", 3)
+    new = tiny_model_file(tmp_path / "m.safetensors", 3)
     r = _ship(new, "--as", "photo2", "--description", "photos", "--tile", "64", "--chain-steps", "96", "--zoo", z)
     assert r.exit_code == 0, r.output
     index = json.loads((z / "index.json").read_text())
@@ -122,10 +114,9 @@ def test_ship_a_new_name_into_an_empty_zoo(tmp_path):
 def test_ship_takes_the_defaults_a_file_records(zoo_dir, tmp_path):
     """A file exported with --tile/--chain-steps ships with them, before the old entry's; the
     options of ship still come first."""
-    torch.manual_seed(4)
-    model, deq = build("tiny", SDEConfig(kind="vp"))
+    model, deq = tiny_preset(4)
     new = tmp_path / "new.safetensors"
-    save_model(new, model.eval(), deq.eval(), {"preset": "tiny", "codec": {"tile": 64, "chain_steps": 96}})
+    save_model(new, model, deq, {"preset": "tiny", "codec": {"tile": 64, "chain_steps": 96}})
     r = _ship(new, "--as", "toy", "--keep-as", "toy-2", "--description", "d", "--zoo", zoo_dir)
     assert r.exit_code == 0, r.output
     entry = json.loads((zoo_dir / "index.json").read_text())["models"]["toy"]
@@ -146,7 +137,7 @@ def test_ship_takes_the_defaults_a_file_records(zoo_dir, tmp_path):
     ("keep-as of a new name", "no model to keep"),
 ])
 def test_refused_ships_change_nothing(zoo_dir, tmp_path, case, words):
-    new = _model(tmp_path / "new.safetensors", 2)
+    new = tiny_model_file(tmp_path / "new.safetensors", 2)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a model at all")
     args = {"no keep-as": [new, "--as", "toy"],
@@ -212,7 +203,7 @@ def test_retire_takes_a_kept_model_out_and_its_files_get_the_way_back(zoo_dir, t
     blob = subprocess.run(["git", "-C", str(zoo_dir), "show", f"{commit[:12]}:toy-1.safetensors"], capture_output=True)
     assert blob.stdout == old and hashlib.sha256(old).hexdigest() == sha
     # the name stays taken: a later ship cannot give it to another model
-    new = _model(tmp_path / "new.safetensors", 2)
+    new = tiny_model_file(tmp_path / "new.safetensors", 2)
     r = _ship(new, "--as", "toy", "--keep-as", "toy-1", "--description", "d", "--zoo", zoo_dir)
     assert r.exit_code == 2 and "is taken" in r.stderr, r.output
 
