@@ -31,6 +31,7 @@ in all of that take the same code paths with other weights. Decoding all of them
 suite's 28 minutes on CI's 2 cores; every file's model is still found (by sha256), and five files
 of retired models never decoded before (cifar10-x1, -x2, -x6, -x7 and photo-x1) are decoded now.
 """
+import functools
 import importlib.util
 import re
 from pathlib import Path
@@ -205,12 +206,12 @@ def _model_from_its_commit(path: Path, into: Path):
         pytest.skip(f"not a git checkout with commit {entry['commit']} (an installed copy)")
     (into / entry["file"]).write_bytes(blob)
     model = load_model_file(into / entry["file"])
-    assert model.sha256 == entry["sha256"] == api.read_header(path.read_bytes())["model"]["sha256"]
+    assert model.sha256 == entry["sha256"] == _model_sha(path)
     return model
 
 
 def _retired_entry(path: Path) -> dict:
-    return zoo.retired_models()[zoo.retired_name(api.read_header(path.read_bytes())["model"]["sha256"])]
+    return zoo.retired_models()[zoo.retired_name(_model_sha(path))]
 
 
 def _git_blob(entry: dict) -> bytes | None:
@@ -221,46 +222,57 @@ def _git_blob(entry: dict) -> bytes | None:
     return blob.stdout if blob.returncode == 0 else None
 
 
+def _newest_per(key, files) -> list[Path]:
+    """For each value of key(file) (None: the file is left out), the newest file (by release, then
+    name) that has it."""
+    newest: dict = {}
+    for p in files:
+        k = key(p)
+        if k is not None and (k not in newest or (_release(p), p.stem) > (_release(newest[k]), newest[k].stem)):
+            newest[k] = p
+    return list(newest.values())
+
+
 def _one_per_retire_commit() -> list[Path]:
     """For each commit the index's retired entries name, the newest exact-arithmetic golden file whose
     model that commit holds (derived from the index, so `trainer retire` adds its case without an edit
     here)."""
-    newest: dict[str, Path] = {}
-    for p in FILES:
-        if _arith(p) != "exact64" or not _retired(p):
-            continue
-        best = newest.get(_retired_entry(p)["commit"])
-        if best is None or (_release(p), p.stem) > (_release(best), best.stem):
-            newest[_retired_entry(p)["commit"]] = p
-    return sorted(newest.values(), key=_release)
+    def commit(p: Path) -> str | None:
+        return _retired_entry(p)["commit"] if _arith(p) == "exact64" and _retired(p) else None
+
+    return sorted(_newest_per(commit, FILES), key=_release)
 
 
-def _model_file(path: Path) -> bytes | None:
-    """The file of a golden file's model as it is stored (perhaps xz-compressed): the zoo's, or a retired
-    model's in its commit (None outside a git checkout with it: an installed copy)."""
-    name = zoo.shipped_name(api.read_header(path.read_bytes())["model"]["sha256"])
+def _model_sha(path: Path) -> str:
+    return api.read_header(path.read_bytes())["model"]["sha256"]
+
+
+def _model_file(sha: str) -> bytes | None:
+    """The file of the model of this sha256 as it is stored (perhaps xz-compressed): the zoo's, or a
+    retired model's in its commit (None outside a git checkout with it: an installed copy)."""
+    name = zoo.shipped_name(sha)
     if name is None:
-        return _git_blob(_retired_entry(path))
-    return (Path(zoo.__file__).parent / "zoo" / zoo.read_index()["models"][name]["file"]).read_bytes()
+        return _git_blob(zoo.retired_models()[zoo.retired_name(sha)])
+    return (zoo.ZOO_DIR / zoo.read_index()["models"][name]["file"]).read_bytes()
 
 
-def _model_config(path: Path) -> str:
-    """The config a golden file's model was built from (its safetensors metadata, read from the first
-    bytes of its file), as canonical JSON; the model's sha256 where that file cannot be read."""
+@functools.lru_cache(maxsize=None)
+def _model_config(sha: str) -> str:
+    """The config the model of this sha256 was built from (its safetensors metadata, read from the
+    first bytes of its file), as canonical JSON; the sha256 itself where that file cannot be read."""
     import json
     import lzma
 
-    from scoreflow_codec.modelfile import XZ_MAGIC
+    from scoreflow_codec.modelfile import XZ_MAGIC, _header
 
-    data = _model_file(path)
+    data = _model_file(sha)
     if data is None:
-        return api.read_header(path.read_bytes())["model"]["sha256"]
+        return sha
     if data.startswith(XZ_MAGIC):  # the first bytes of an xz-compressed file: its header
         d = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
         first = d.decompress(data, max_length=8)
         data = first + d.decompress(b"", max_length=int.from_bytes(first, "little"))
-    n = int.from_bytes(data[:8], "little")
-    config = json.loads(json.loads(data[8:8 + n])["__metadata__"]["config"])
+    config = json.loads(_header(data, sha)["__metadata__"]["config"])
     config.pop("info", None), config.pop("name", None)  # names and training notes: nothing the decoder reads
     return json.dumps(config, sort_keys=True)
 
@@ -273,23 +285,18 @@ def _decode_key(path: Path) -> str:
 
     data = path.read_bytes()
     h = api.read_header(data)
-    return json.dumps([_model_config(path), api.full_settings(h), container.format_version(data), h["mode"],
-                       h["images"], h.get("setup"), h.get("stream")], sort_keys=True, default=str)
+    return json.dumps([_model_config(h["model"]["sha256"]), api.full_settings(h), container.format_version(data),
+                       h["mode"], h["images"], h.get("setup"), h.get("stream")], sort_keys=True, default=str)
 
 
 def _one_per_decode_key() -> list[Path]:
     """Every seed-only file, and for each decode key of the models' exact-arithmetic files the newest
     file that has it (decoding files alike in all of it again took CI's 2 cores 7 minutes; their models
     are each checked: test_every_exact_model_file_has_its_model)."""
-    newest: dict[str, Path] = {}
-    for p in FILES:
-        if _arith(p) != "exact64":
-            continue
-        key = p.stem if p.stem.startswith("seed-") else _decode_key(p)
-        best = newest.get(key)
-        if best is None or (_release(p), p.stem) > (_release(best), best.stem):
-            newest[key] = p
-    return sorted(newest.values(), key=lambda p: p.stem)
+    def key(p: Path) -> str | None:
+        return None if _arith(p) != "exact64" else p.stem if p.stem.startswith("seed-") else _decode_key(p)
+
+    return sorted(_newest_per(key, FILES), key=lambda p: p.stem)
 
 
 RETIRE_CASES = _one_per_retire_commit()  # once, at collection: every golden file's header read
@@ -316,7 +323,7 @@ def test_golden_files_decode_alike_as_their_keys_say():
     models = [p for p in DECODE_CASES if not p.stem.startswith("seed-")]
     assert any(_retired(p) for p in models) and any(not _retired(p) for p in models)
     for family in ("cifar10", "photo"):
-        assert len({_model_config(p) for p in models if p.stem.startswith(family + "-")}) >= 2, family
+        assert len({_model_config(_model_sha(p)) for p in models if p.stem.startswith(family + "-")}) >= 2, family
     assert {api.full_settings(api.read_header(p.read_bytes()))[0]["kappa_top"] for p in models} == {0, 2}
     assert len(DECODE_CASES) < len(exact)
 
@@ -324,22 +331,20 @@ def test_golden_files_decode_alike_as_their_keys_say():
 def test_every_exact_model_file_has_its_model():
     """Every model's file, decoded or not (a file is decoded where it is its decode key's newest): the
     model file it needs, the zoo's or the one in the commit that its retired model's error names, has
-    the sha256 in its header."""
+    the sha256 in its header (each model's file read once)."""
     import hashlib
     import lzma
 
     from scoreflow_codec.modelfile import XZ_MAGIC
 
     missing = []
-    for p in FILES:
-        if _arith(p) != "exact64" or p.stem.startswith("seed-"):
-            continue
-        data = _model_file(p)
+    for sha in sorted({_model_sha(p) for p in FILES if _arith(p) == "exact64" and not p.stem.startswith("seed-")}):
+        data = _model_file(sha)
         if data is None:
-            missing.append(p.stem)
+            missing.append(sha[:12])
             continue
         data = lzma.decompress(data, format=lzma.FORMAT_XZ) if data.startswith(XZ_MAGIC) else data
-        assert hashlib.sha256(data).hexdigest() == api.read_header(p.read_bytes())["model"]["sha256"], p.stem
+        assert hashlib.sha256(data).hexdigest() == sha
     if missing:
         pytest.skip(f"not a git checkout with the retired models' commits (an installed copy): {missing}")
 
