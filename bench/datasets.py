@@ -129,8 +129,8 @@ def read_image(path: str | Path) -> np.ndarray:
 
 def quick_set() -> ImageSet:
     """A handful of small images for --quick: 2 CIFAR-10 test images and a 64x32 Kodak crop (two
-    32px tiles). Until December 2026 4 and a 64x48 crop: the CI smoke test of the scoreflow column
-    spent 3 of the suite's 28 minutes on their ODE NLL (8 s a 32px tile on one core)."""
+    32px tiles). Until December 2026 4 and a 64x48 crop: the CI smoke test of the scoreflow column took
+    3 of the suite's 28 minutes, two thirds of it their ODE NLL (8 s a 32px tile on one core)."""
     cifar = load("cifar10", limit=2)
     kodak = shared_data_dir() / NAMED["kodak"] / "kodim23.png"
     if not kodak.is_file():
