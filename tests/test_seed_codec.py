@@ -1268,3 +1268,88 @@ def test_compress_with_one_job_keeps_the_analysis_in_one_process(monkeypatch):
     one = api.compress([src], None, fallback="seed", jobs=1)[0]
     assert started == []
     assert api.compress([src], None, fallback="seed", jobs=2)[0] == one and started == ["_first_option"]
+
+
+def _modes(planes: np.ndarray) -> tuple[int, list]:
+    """The encoder's choice at the scope's effort: (least-squares mode, each plane's mode)."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    ls, _, plans, _, _ = sc._choose(planes, sc._layout(*planes.shape[1:]), LATEST)
+    return ls, [None if p is None else p.mode for p in plans]
+
+
+def test_every_effort_round_trips_with_its_modes_and_the_decoder_needs_none():
+    """Effort 3 (the default) tries every mode, 2 no least squares, 1 nor the mixed mode. Each effort's
+    stream decodes outside any effort scope (the modes are in the stream), its real size is its predicted
+    size, and fewer modes never make a smaller file: here each level down costs bits, effort 3 takes the
+    least-squares predictor and effort 2 the mixed mode, as on photographs."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(40, 36)[:3].copy()
+    default = Message()
+    seed_push(default, planes)
+    bits, words = {}, {}
+    for level in sc.EFFORTS:
+        with sc.effort(level):
+            m = Message(padding_words(4, seed=5))
+            bits[level] = seed_push(m, planes)
+            words[level] = m.words().copy()
+            ls, modes = _modes(planes)
+            assert sc.current_effort() == level
+        assert sc.current_effort() == sc.MAX_EFFORT
+        size = m.num_bits() - 4 * 32
+        assert np.array_equal(seed_codec(planes.shape).pop(m), planes)
+        assert np.array_equal(m.words(), padding_words(4, seed=5))
+        assert abs(size - bits[level]) < 1e-4 * planes.size + 8
+        assert (ls == 0) == (level < 3) and (2 in modes) == (level >= 2), (level, ls, modes)
+    assert bits[1] > bits[2] > bits[3]
+    m3 = Message()
+    with sc.effort(None):  # None: the default
+        seed_push(m3, planes)
+    assert np.array_equal(m3.words(), default.words())
+
+
+def test_effort_errors_and_scopes():
+    from scoreflow_codec.coding import seed_codec as sc
+
+    assert sc.check_effort(None) == sc.MAX_EFFORT == max(sc.EFFORTS)
+    for bad in (0, 4, True, "3", 2.5):
+        with pytest.raises(ValueError, match="effort"):
+            sc.check_effort(bad)
+        with pytest.raises(ValueError, match="effort"):
+            with sc.effort(bad):
+                pass
+    with sc.effort(1):
+        with sc.effort(2):
+            assert sc.current_effort() == 2
+        assert sc.current_effort() == 1
+
+
+def test_shared_analyses_keep_each_effort_apart():
+    """An analysis made at one effort is not reused at another (the store's key holds it): within one
+    shared_analyses() scope each effort's bits are those it has alone."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(24, 28)[:3].copy()
+    alone = {}
+    for level in sc.EFFORTS:
+        with sc.effort(level):
+            alone[level] = seed_bits(planes), seed_pixel_bits(planes)
+    with sc.shared_analyses():
+        for level in (1, 3, 2, 1):
+            with sc.effort(level):
+                b, px = seed_bits(planes), seed_pixel_bits(planes)
+            assert b == alone[level][0] and np.array_equal(px, alone[level][1])
+
+
+def test_lower_efforts_analyse_in_one_process(monkeypatch):
+    """Below the highest effort there is one least-squares option: no second process for it."""
+    from scoreflow_codec.coding import seed_codec as sc, workers
+
+    big = sc._layout(512, 512)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
+    with sc.jobs(2):
+        assert sc._in_parallel(big, LATEST)
+        for level in (1, 2):
+            with sc.effort(level):
+                assert not sc._in_parallel(big, LATEST)

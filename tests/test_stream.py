@@ -423,6 +423,28 @@ def test_a_seed_only_stream_in_parts_round_trips_the_same_whatever_the_processes
         at += n
 
 
+def test_a_stream_in_parts_is_coded_at_the_callers_effort_in_every_process(monkeypatch):
+    """The parts' processes code at the effort of the caller's scope (seed_codec.effort): the same words
+    with one process or two, each part's bits the seed codec's at that effort. On these photograph-like
+    images effort 1 makes a larger stream than the default."""
+    from scoreflow_codec.coding import seed_codec as sc
+    from test_seed_codec import _photo_synthetic
+
+    monkeypatch.setattr(stream, "PART_PIXELS", 1024)
+    imgs = [StreamImage(_photo_synthetic(40, 36)[:3].copy(), None),
+            StreamImage(np.ascontiguousarray(_photo_synthetic(36, 40)[:3, ::-1]), None)]
+    st = stream.seed_only_settings([im.color_shape for im in imgs])
+    by_level = {}
+    for level in (1, 3):
+        with sc.effort(level):
+            payload, fields, rep, shapes = _parts_round_trip(imgs, st, 2)
+            assert np.array_equal(stream.encode(imgs, FakeBitsBackCodec(), st, jobs=1)[0], payload)
+            assert rep.seed_bits == pytest.approx(sum(seed_bits(im.color) for im in imgs))
+        assert len(fields["parts"]) == 2
+        by_level[level] = rep.seed_bits
+    assert by_level[1] > by_level[3]
+
+
 def test_a_stream_written_in_one_stack_still_decodes(monkeypatch):
     """Files of 0.9.25 and before are one stack wherever they would be in parts now: without "parts"
     in the header the decoder pops them as one."""

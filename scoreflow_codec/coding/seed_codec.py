@@ -180,6 +180,14 @@ rows by the bias context's six texture bits x 8 activity levels 5.008, 2.393, 2.
 spread over neighbouring slots (8, 16, 16, 16, 8 instead of 64, in rows of bin 9 and up; kodim01,
 20): green -0.007 / -0.005, red +0.012 / +0.002; in every row (16, 32, 16) up to +0.27. None of
 these gains 0.15%; none was worth a format version.
+The encoder's effort (0.10.3, `sfcodec compress --effort`; no new version: the decoder reads the modes
+from the stream): how many modes it tries. 3 (the default) every one; 2 no least-squares predictor, whose
+per-pixel solve is about a third of the decoder's time; 1 nor the mixed mode, whose two sets of tables
+are most of the rest. Measured (`python bench/seed_effort.py kodak`, the files api.compress writes, every
+one decoded; 2026-12-07, the 2-core AMD EPYC with AVX2, one process, nothing else running), the 24 Kodak
+images: effort 3 2.7077 bits/dim, encode 23.1 s and decode 17.0 s an image; effort 2 2.7290 (+0.79%,
++0.17% to +2.28% per image), 11.4 s and 10.2 s; effort 1 2.7823 (+2.76%, +0.92% to +4.90%), 9.4 s and
+6.0 s. Every effort's file is below JPEG-XL at effort 9 on all 24 (effort 1's closest: -0.44%).
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
@@ -980,7 +988,7 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
         prior, cprior = _diff_priors(st.version)
         coarse = None if cprior is None else _diff_coarse(rows, d)
         plan = _Plan.compact(rows, p, np.ones_like(p), prior, True, coarse, cprior, _diff_halve(st.version))
-        out.append(_with_costs(lay, flat[c], plan, _can_mix(lay, st.version)))
+        out.append(_with_costs(lay, flat[c], plan, _mixes(lay, st.version)))
     return out
 
 
@@ -1111,6 +1119,11 @@ def _can_mix(lay: _Layout, version: int) -> bool:
     return version >= 7 and lay.w <= MIX_MAX_WIDTH
 
 
+def _mixes(lay: _Layout, version: int) -> bool:
+    """Whether the encoder tries the mixed mode: where it may (_can_mix), at effort 2 and up."""
+    return _can_mix(lay, version) and _EFFORT.get() >= 2
+
+
 class _Mix(NamedTuple):
     """Version 7's mixed mode of one plane: the blend's plan, the difference mode's, and per pixel
     the blend's weight (_mix_weights)."""
@@ -1138,6 +1151,13 @@ def _ls_modes(version: int) -> tuple[int, ...]:
     """The least-squares modes the encoder tries: none in version 1, off / on from version 2, and
     from version 6 on with the boost (LS_BOOST) too, coded as one of three."""
     return (0,) if version == 1 else (0, 1) if version < 6 else (0, 1, 2)
+
+
+def _ls_candidates(version: int) -> tuple[int, ...]:
+    """The least-squares modes the encoder tries at the scope's effort: all of _ls_modes at the
+    highest, the first (off) below it."""
+    modes = _ls_modes(version)
+    return modes if _EFFORT.get() >= MAX_EFFORT else modes[:1]
 
 
 def _ls_mode_codec(version: int) -> Codec:
@@ -1178,8 +1198,8 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
         key = _key(planes, version)
         if key in store.items:
             return store.items[key][0]
-    modes = _ls_modes(version)
-    first = workers.background(_first_option, planes, version) if _in_parallel(lay, version) else None
+    modes = _ls_candidates(version)
+    first = workers.background(_first_option, planes, version, _EFFORT.get()) if _in_parallel(lay, version) else None
     with first or contextlib.nullcontext() as pending:
         get_diff = _Once((lambda st, flat: pending.result()[1]) if pending is not None
                          else (lambda st, flat: _diff_plans(st, lay, flat)))
@@ -1210,21 +1230,22 @@ def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list
             continue
         plan = _Plan.compact(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
         other = get_diff(st, flat)[c] if version >= 3 and c > 0 else None
-        blend = _with_costs(lay, flat[c], plan, other is not None and _can_mix(lay, version))
+        blend = _with_costs(lay, flat[c], plan, other is not None and _mixes(lay, version))
         mix = None
-        if other is not None and _can_mix(lay, version):
+        if other is not None and _mixes(lay, version):
             w = _mix_weights(lay, blend[1].cost.astype(np.int64) - other[1].cost)
             mix = (_mix_bits(blend[0], other[0], w), _Mix(blend[1], other[1], w))
         per.append((blend, other, mix))
     return _Option(ls, flat, per), known
 
 
-def _first_option(planes: np.ndarray, version: int) -> tuple[_Option, list | None]:
+def _first_option(planes: np.ndarray, version: int, level: int) -> tuple[_Option, list | None]:
     """The first least-squares option's analysis and the difference mode's plans (None where no plane
-    after the first needs them): _analysis's other process."""
+    after the first needs them) at effort `level`: _analysis's other process."""
     lay = _layout(*planes.shape[1:])
     get_diff = _Once(lambda st, flat: _diff_plans(st, lay, flat))
-    option, _ = _option(planes, lay, version, _ls_modes(version)[0], None, get_diff)
+    with effort(level):
+        option, _ = _option(planes, lay, version, _ls_candidates(version)[0], None, get_diff)
     return option, get_diff.value
 
 
@@ -1262,8 +1283,42 @@ def jobs(n: int | None):
         _JOBS.reset(token)
 
 
+# The encoder's effort (0.10.3): how many of the stream's modes it tries. The decoder reads the
+# chosen modes from the stream, so a file of any effort decodes wherever its version does, and the
+# modes left out are the ones that cost the decoder the most time. 3 (the default): every
+# least-squares mode (off, on, boosted) and every mode of the channels after the first (the blend,
+# the difference mode, the mixed mode); 2: no least-squares predictor; 1: nor the mixed mode.
+EFFORTS = (1, 2, 3)
+MAX_EFFORT = 3
+_EFFORT: contextvars.ContextVar[int] = contextvars.ContextVar("seed_codec_effort", default=MAX_EFFORT)
+
+
+def check_effort(level: int | None) -> int:
+    """The effort `level` names (None: the default, MAX_EFFORT); ValueError for another value."""
+    if level is None:
+        return MAX_EFFORT
+    if isinstance(level, bool) or level not in EFFORTS:
+        raise ValueError(f"seed codec: unknown effort {level!r} (expected one of {EFFORTS})")
+    return int(level)
+
+
+@contextlib.contextmanager
+def effort(level: int | None):
+    """Within this scope the encoder tries the modes of effort `level` (EFFORTS; None: MAX_EFFORT)."""
+    token = _EFFORT.set(check_effort(level))
+    try:
+        yield
+    finally:
+        _EFFORT.reset(token)
+
+
+def current_effort() -> int:
+    """The scope's effort (MAX_EFFORT outside any effort() scope)."""
+    return _EFFORT.get()
+
+
 def _in_parallel(lay: _Layout, version: int) -> bool:
-    if len(_ls_modes(version)) < 2 or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
+    if len(_ls_candidates(version)) < 2 or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
         return False
     n = _JOBS.get()
     if n is not None:
@@ -1273,8 +1328,8 @@ def _in_parallel(lay: _Layout, version: int) -> bool:
 
 
 def _key(planes: np.ndarray, version: int) -> tuple:
-    """The key of planes' analysis in shared_analyses()'s store."""
-    return (version, planes.shape, planes.dtype.str,
+    """The key of planes' analysis in shared_analyses()'s store (at the scope's effort: its modes)."""
+    return (version, _EFFORT.get(), planes.shape, planes.dtype.str,
             hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest())
 
 

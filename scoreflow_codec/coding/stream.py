@@ -68,8 +68,9 @@ from . import distributions as dist
 from . import tiles as T
 from . import workers
 from .ans import Message, common_prefix_len, padding_words
-from .seed_codec import (LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, remember_pixel_bits, seed_bits, seed_codec,
-                         seed_pixel_bits, seed_pop_known, seed_push, seed_push_known, shared_analyses, sharing)
+from .seed_codec import (LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, current_effort, remember_pixel_bits, seed_bits,
+                         seed_codec, seed_pixel_bits, seed_pop_known, seed_push, seed_push_known, shared_analyses, sharing)
+from .seed_codec import effort as seed_effort
 
 SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
 BATCHINGS = ("bits", "growth")
@@ -254,18 +255,19 @@ def _check_unwound(m: Message, pad: np.ndarray, what: str) -> None:
         raise BadFileError(f"corrupt payload: {what} did not decode back to its initial state")
 
 
-def _push_part(blocks: list, extras: list, version: int, pad_n: int, want_bits: bool):
+def _push_part(blocks: list, extras: list, version: int, pad_n: int, want_bits: bool, level: int):
     """A worker's part: (stored words, padding words stripped, extras' bits, tiles' bits, each tile's
-    seed_pixel_bits where want_bits)."""
+    seed_pixel_bits where want_bits), at the seed codec's effort `level`."""
     pad = padding_words(pad_n)
     m = Message(pad)
-    extra_bits = sum(seed_push(m, e, version) for e in extras)
     tile_bits, pixel_bits = 0.0, []
-    with shared_analyses():
-        for b in blocks:
-            tile_bits += seed_push(m, b, version)
-            if want_bits:
-                pixel_bits.append(seed_pixel_bits(b, version))
+    with seed_effort(level):
+        extra_bits = sum(seed_push(m, e, version) for e in extras)
+        with shared_analyses():
+            for b in blocks:
+                tile_bits += seed_push(m, b, version)
+                if want_bits:
+                    pixel_bits.append(seed_pixel_bits(b, version))
     return *_stored(m, pad), extra_bits, tile_bits, pixel_bits
 
 
@@ -286,7 +288,7 @@ def _encode_parts(images: list[StreamImage], refs: list[T.TileRef], settings: St
     want = sharing()  # the caller's analyses scope gets each tile's pixel bits, as if coded here
     extras = [im.extra for im in images if im.extra is not None]
     items = [([T.known_block(images[refs[i].image].color, refs[i]) for i in part], extras if k == 0 else [],
-              settings.seed, pad_n, want) for k, part in enumerate(parts)]
+              settings.seed, pad_n, want, current_effort()) for k, part in enumerate(parts)]
     payload, spec = [], []
     jobs = _part_jobs(parts, refs, jobs)
     for item, (words, n_strip, extra_bits, tile_bits, pixel_bits) in zip(items, workers.run(_push_part, items, jobs)):
