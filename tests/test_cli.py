@@ -273,6 +273,38 @@ def test_compress_summary_and_verify_flag(image, model_a, tmp_path):
     assert "model tiny-0" in last and "[ode," in last
 
 
+def test_effort(tmp_path):
+    """--effort 1 - 3 (the seed codec's modes tried; default 3): a lower effort's file is larger here (a
+    photograph-like image), decodes to the same pixels with a plain decompress, and says its effort in
+    the summary line; verify records it; anything else is a usage error."""
+    from test_seed_codec import _photo_synthetic
+
+    png = save_png(Image.fromarray(np.ascontiguousarray(_photo_synthetic(40, 36)[:3].transpose(1, 2, 0))),
+                   tmp_path / "p.png")
+    sizes = {}
+    for level in ("1", "3"):
+        out = tmp_path / f"e{level}.sfc"
+        r = sfcodec("compress", png, "-o", out, "--fallback", "seed", "--effort", level)
+        assert_ok(r)
+        assert ("seed codec effort 1" in r.stderr) == (level == "1")
+        sizes[level] = out.stat().st_size
+        assert_ok(sfcodec("decompress", out, "-o", tmp_path / f"e{level}.png"))
+        assert_same_pixels(png, tmp_path / f"e{level}.png")
+    assert sizes["1"] > sizes["3"]
+    assert_ok(sfcodec("compress", png, "-o", tmp_path / "default.sfc", "--fallback", "seed"))
+    assert (tmp_path / "default.sfc").read_bytes() == (tmp_path / "e3.sfc").read_bytes()
+    r = sfcodec("verify", png, "--fallback", "seed", "--effort", "2", "--json")
+    assert_ok(r)
+    assert json.loads(r.stdout)["effort"] == 2
+    for bad in ("0", "4", "x"):
+        r = sfcodec("compress", png, "-o", tmp_path / "bad.sfc", "--effort", bad)
+        assert r.exit_code == 2 and "--effort" in r.stderr and not (tmp_path / "bad.sfc").exists()
+    from scoreflow_codec.errors import UsageError
+
+    with pytest.raises(UsageError, match="effort"):
+        api.compress([images.load_image(png)], None, fallback="seed", effort=0)
+
+
 def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
     """A JPEG input is lossy already: its decoded pixels, kept exactly, take more bytes than the JPEG file.
     Where the .sfc is larger than the JPEG, one warning line says so (with -o and with -d); the file is

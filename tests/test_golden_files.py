@@ -124,6 +124,21 @@ def test_golden_files_exist():
         assert [p.mode for p in _choose(planes, _layout(*planes.shape[1:]), 7)[2][1:]] == [1, 2]
     assert all(np.array_equal(a, b) for a, b in zip(_pngs(GOLDEN / "seed-x7.sfc"), _pngs(GOLDEN / "seed-x8.sfc")))
     assert len((GOLDEN / "seed-x8.sfc").read_bytes()) < len((GOLDEN / "seed-x7.sfc").read_bytes())
+    # 0.10.3: the same images at the encoder's effort 1 (seed-e1): version 8, the file larger, neither image
+    # with least squares nor the second's blue mixed (at effort 3 both take them); no new decoder path,
+    # but its bytes are pinned
+    from scoreflow_codec.coding import seed_codec as sc
+
+    assert seeds["seed-e1"] == 8 and api.read_header((GOLDEN / "seed-e1.sfc").read_bytes())["codec"] == "0.10.3"
+    assert all(np.array_equal(a, b) for a, b in zip(_pngs(GOLDEN / "seed-e1.sfc"), _pngs(GOLDEN / "seed-x8.sfc")))
+    assert len((GOLDEN / "seed-e1.sfc").read_bytes()) > len((GOLDEN / "seed-x8.sfc").read_bytes())
+    for png, chosen in zip(_pngs(GOLDEN / "seed-e1.sfc"), ({3: (1, [1, 0]), 1: (0, [1, 0])},
+                                                          {3: (1, [1, 2]), 1: (0, [1, 0])})):
+        planes = np.ascontiguousarray(np.moveaxis(png, -1, 0))
+        for level, (ls, modes) in chosen.items():
+            with sc.effort(level):
+                got = _choose(planes, _layout(*planes.shape[1:]), 8)
+            assert (got[0], [p.mode for p in got[2][1:]]) == (ls, modes), level
     # 0.9.26: a seed codec file in independent parts, one per image here (stream.in_parts)
     hp = api.read_header((GOLDEN / "seed-parts.sfc").read_bytes())
     assert hp["codec"] == "0.9.26" and len(hp["fields"]["parts"]) == 2

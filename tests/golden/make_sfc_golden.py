@@ -89,6 +89,9 @@ CASES = {
     "seed-x7": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "chroma"),
     # 0.9.25: seed codec version 8, the error feedback on the blend (the same images as seed-x7)
     "seed-x8": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed"], "chroma"),
+    # 0.10.3: the seed codec's encoder at effort 1 (no least squares, no mixed mode; seed-x8's images):
+    # the modes it leaves out are the decoder's choice to read, not the format's
+    "seed-e1": ("photo", [(96, 64), (40, 24)], ["--fallback", "seed", "--effort", "1"], "chroma"),
     # 0.9.26: a seed codec file in independent parts (stream.in_parts: the first image's 512x512
     # pixels fill a part, so the second image starts another)
     "seed-parts": ("photo", [(512, 512), (40, 24)], ["--fallback", "seed"], "graphic"),
