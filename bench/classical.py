@@ -180,14 +180,16 @@ def _avif_encode(img: np.ndarray) -> bytes:
 _SEED_HEADER = struct.Struct(">IIB")  # height, width, channels
 
 
-def _seed_encode(img: np.ndarray, version: int | None = None) -> bytes:
-    """scoreflow-codec's own classical codec, the one that codes a stream's first tiles (no model)."""
+def _seed_encode(img: np.ndarray, version: int | None = None, effort: int | None = None) -> bytes:
+    """scoreflow-codec's own classical codec, the one that codes a stream's first tiles (no model), at
+    its encoder's effort (None: the default; the decoder needs none)."""
     from scoreflow_codec.coding.ans import Message
-    from scoreflow_codec.coding.seed_codec import LATEST, seed_codec
+    from scoreflow_codec.coding.seed_codec import LATEST, effort as seed_effort, seed_codec
 
     planes = np.ascontiguousarray((img[..., None] if img.ndim == 2 else img).transpose(2, 0, 1))
     m = Message()
-    seed_codec(planes.shape, version or LATEST).push(m, planes)
+    with seed_effort(effort):
+        seed_codec(planes.shape, version or LATEST).push(m, planes)
     return _SEED_HEADER.pack(planes.shape[1], planes.shape[2], planes.shape[0]) + m.words().astype("<u4").tobytes()
 
 
@@ -221,6 +223,10 @@ CODECS: list[ClassicalCodec] = [
                    _avif_encode, _ic("avif_decode", numthreads=1), frozenset({1, 3, 4}), "AVIF"),
     ClassicalCodec("sfc-seed", "scoreflow-codec's classical seed codec (no model), the latest version: "
                    "wavefront predictor blend + adaptive ANS, 9-byte header", _seed_encode, _seed_decode),
+    ClassicalCodec("sfc-seed-e2", "the seed codec at effort 2 (--effort 2: no least-squares predictor)",
+                   functools.partial(_seed_encode, effort=2), _seed_decode),
+    ClassicalCodec("sfc-seed-e1", "the seed codec at effort 1 (--effort 1: nor the mixed mode)",
+                   functools.partial(_seed_encode, effort=1), _seed_decode),
     ClassicalCodec("sfc-seed-1", "the seed codec's version 1 (files before 0.3.0)",
                    functools.partial(_seed_encode, version=1), functools.partial(_seed_decode, version=1)),
     ClassicalCodec("sfc-seed-2", "the seed codec's version 2 (files of 0.3.0)",

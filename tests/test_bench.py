@@ -302,6 +302,34 @@ def test_graphics_bench(tmp_path):
     assert bad.returncode == 2 and "graphics.py: error:" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_seed_effort_bench(tmp_path):
+    """bench/seed_effort.py: each image at each effort coded, decoded (compared, or it fails) and timed;
+    the summary's bits/dim are the set's, and effort 1 costs bits on photograph-like images; a bad
+    --efforts or a missing folder is one line."""
+    from test_seed_codec import _photo_synthetic
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for k, (h, w) in enumerate(((40, 36), (32, 44))):
+        Image.fromarray(np.ascontiguousarray(_photo_synthetic(h, w)[:3].transpose(1, 2, 0))).save(folder / f"{k}.png")
+    script = str(REPO / "bench" / "seed_effort.py")
+    r = subprocess.run([sys.executable, script, str(folder), "--efforts", "3,1", "--json", str(tmp_path / "e.json")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "e.json").read_text())
+    assert [(row["image"], row["effort"]) for row in res["rows"]] == [("0.png", 3), ("0.png", 1), ("1.png", 3), ("1.png", 1)]
+    by = {s["effort"]: s for s in res["summary"]}
+    for level in (3, 1):
+        mine = [row for row in res["rows"] if row["effort"] == level]
+        assert by[level]["bpd"] == pytest.approx(8 * sum(row["bytes"] for row in mine) / sum(row["dims"] for row in mine))
+    assert by[1]["bpd_vs_3"] > 0 and by[3]["bpd_vs_3"] == 0
+    assert "| 1 |" in r.stdout and "| 0.png |" in r.stdout
+    for argv, words in (([str(folder), "--efforts", "4"], "--efforts"), ([str(tmp_path / "nope")], "nope")):
+        bad = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=120)
+        lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("seed_effort.py: error:")]
+        assert bad.returncode == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in bad.stderr, bad.stderr
+
+
 def test_tile_gap(tmp_path, capsys):
     """bench/tile_gap.py: per tile the model's bound, the seed codec on the tile alone and the tile's
     share of the seed codec on the whole image, and the seed codec on the whole image; the best-per-
