@@ -1342,14 +1342,40 @@ def test_shared_analyses_keep_each_effort_apart():
             assert b == alone[level][0] and np.array_equal(px, alone[level][1])
 
 
-def test_lower_efforts_analyse_in_one_process(monkeypatch):
-    """Below the highest effort there is one least-squares option: no second process for it."""
+def test_lower_efforts_make_the_difference_plans_alone_in_the_second_process(monkeypatch):
+    """Below the highest effort there is one least-squares option: the second process makes the
+    difference mode's plans only (_diff_only), where the analysis makes them (version 3 on, a plane
+    after the first not constant); the same plans as an analysis makes, and the same bytes with one
+    process or two."""
+    from scoreflow_codec import api, images
     from scoreflow_codec.coding import seed_codec as sc, workers
 
     big = sc._layout(512, 512)
     monkeypatch.setattr(workers, "available_memory", lambda: None)
     with sc.jobs(2):
-        assert sc._in_parallel(big, LATEST)
+        assert sc._in_parallel(big, LATEST) and sc._in_parallel(big, LATEST, diff=False)
         for level in (1, 2):
             with sc.effort(level):
-                assert not sc._in_parallel(big, LATEST)
+                assert sc._in_parallel(big, LATEST) and not sc._in_parallel(big, LATEST, diff=False)
+                assert not sc._in_parallel(big, 2)  # no difference mode before version 3
+    planes = _photo_synthetic(40, 48)[:3].copy()
+    assert sc._needs_diff(planes, LATEST) and not sc._needs_diff(planes, 2) and not sc._needs_diff(planes[:1], LATEST)
+    flat_rest = planes.copy()
+    flat_rest[[0, 2]] = 7  # red and blue constant: only green (the first in coding order) is coded
+    assert not sc._needs_diff(flat_rest, LATEST)
+    for level in (1, 2):
+        mine, theirs = sc._diff_only(planes, LATEST, level)[1], sc._first_option(planes, LATEST, level)[1]
+        assert mine[0] is None and theirs[0] is None
+        for (bits_a, plan_a), (bits_b, plan_b) in zip(mine[1:], theirs[1:]):
+            assert np.array_equal(bits_a, bits_b) and _same_tree(plan_a, plan_b)
+
+    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
+    started = []
+    real = workers.background
+    monkeypatch.setattr(workers, "background", lambda fn, *a: started.append(fn.__name__) or real(fn, *a))
+    src = images.from_array(np.ascontiguousarray(planes.transpose(1, 2, 0)))
+    for level, helper in ((1, "_diff_only"), (2, "_diff_only"), (3, "_first_option")):
+        started.clear()
+        one = api.compress([src], None, fallback="seed", jobs=1, effort=level)[0]
+        assert started == []
+        assert api.compress([src], None, fallback="seed", jobs=2, effort=level)[0] == one and started == [helper]

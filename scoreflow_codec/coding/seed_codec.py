@@ -1191,7 +1191,8 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     version 6's three, one thread). Taken from the scope's
     store where shared_analyses() is active and these planes were analysed already. Where
     _in_parallel says so, the first option (no least squares) and the difference mode's plans are
-    made in another process while this one makes the others: the same options either way."""
+    made in another process while this one makes the others; where the effort tries one option only,
+    the difference mode's plans alone (0.10.3): the same options either way."""
     store = _SHARED.get()
     key = None
     if store is not None:
@@ -1199,15 +1200,18 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
         if key in store.items:
             return store.items[key][0]
     modes = _ls_candidates(version)
-    first = workers.background(_first_option, planes, version, _EFFORT.get()) if _in_parallel(lay, version) else None
-    with first or contextlib.nullcontext() as pending:
+    whole = len(modes) > 1  # the other process makes the first option, not only the difference mode's plans
+    helper = None
+    if _in_parallel(lay, version, _needs_diff(planes, version)):
+        helper = workers.background(_first_option if whole else _diff_only, planes, version, _EFFORT.get())
+    with helper or contextlib.nullcontext() as pending:
         get_diff = _Once((lambda st, flat: pending.result()[1]) if pending is not None
                          else (lambda st, flat: _diff_plans(st, lay, flat)))
         out, known = [], None
-        for ls in modes[1:] if pending is not None else modes:
+        for ls in modes[1:] if pending is not None and whole else modes:
             option, known = _option(planes, lay, version, ls, known, get_diff)
             out.append(option)
-        if pending is not None:
+        if pending is not None and whole:
             out.insert(0, pending.result()[0])
     out = [o._replace(flat=out[0].flat) for o in out]  # the same planes: one copy
     if store is not None:
@@ -1249,6 +1253,28 @@ def _first_option(planes: np.ndarray, version: int, level: int) -> tuple[_Option
     return option, get_diff.value
 
 
+def _diff_only(planes: np.ndarray, version: int, level: int) -> tuple[None, list]:
+    """(None, the difference mode's plans) at effort `level`: _analysis's other process where the
+    effort tries one least-squares option only (the plans read the planes alone, not the option)."""
+    lay = _layout(*planes.shape[1:])
+    flat = planes[_order(planes.shape[0], version)].reshape(planes.shape[0], lay.n).astype(np.int64)
+    st = _State(lay, len(flat), version)
+    for c in range(len(flat)):
+        st.x[c][:lay.n] = flat[c]
+    with effort(level):
+        return None, _diff_plans(st, lay, list(flat))
+
+
+def _needs_diff(planes: np.ndarray, version: int) -> bool:
+    """Whether an analysis of these planes makes the difference mode's plans: version 3 on, and a plane
+    after the first in coding order that is not constant."""
+    order = _order(planes.shape[0], version)
+    if version < 3 or len(order) < 2:
+        return False
+    rest = planes[order[1:]].reshape(len(order) - 1, -1)
+    return bool((rest != rest[:, :1]).any())
+
+
 class _Once:
     """The difference mode's plans for _option: made by make(state, flat) when first asked for (they
     do not depend on the least-squares option), the same ones after; `value` None until then."""
@@ -1262,8 +1288,9 @@ class _Once:
         return self.value
 
 
-# An encoder's analysis runs its first least-squares option in a second process (0.9.27) on images
-# of at least this many pixels (below, starting the process costs more than it saves), where this
+# An encoder's analysis runs its first least-squares option in a second process (0.9.27; below the
+# highest effort, which tries one option, the difference mode's plans: 0.10.3) on images of at least
+# this many pixels (below, starting the process costs more than it saves), where this
 # is the user's process and it may use two cores: seed_codec.jobs >= 2, or by default where
 # processes fork (Linux) or the program allows spawn (workers.parallel_by_default: sfcodec), there
 # are two usable cores and the available memory holds ANALYSIS_BYTES_PER_PIXEL more.
@@ -1317,8 +1344,11 @@ def current_effort() -> int:
     return _EFFORT.get()
 
 
-def _in_parallel(lay: _Layout, version: int) -> bool:
-    if len(_ls_candidates(version)) < 2 or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
+def _in_parallel(lay: _Layout, version: int, diff: bool = True) -> bool:
+    """Whether _analysis gives a second process work: the first least-squares option where the effort
+    tries several, else (diff: the analysis makes them) the difference mode's plans."""
+    work = len(_ls_candidates(version)) > 1 or diff and version >= 3
+    if not work or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
         return False
     n = _JOBS.get()
     if n is not None:
