@@ -855,16 +855,22 @@ class _Counts:
         return _halve(self.fine.hist, rows, self.halve_at)
 
 
+def _known_state(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_known: list | None = None):
+    """Encoder side: (the planes in coding order [C, n] int64, a _State holding them as known pixels)."""
+    flat = planes[_order(planes.shape[0], version)].reshape(planes.shape[0], layout.n).astype(np.int64)
+    st = _State(layout, len(flat), version, ls, ls_known)
+    for c in range(len(flat)):
+        st.x[c][:layout.n] = flat[c]
+    return flat, st
+
+
 def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_known: list | None = None):
     """Encoder side, all pixels at once: the planes in coding order, the blend's predictions (1/8
     pixel) and the bins, per channel; and the state holding them (ls, ls_known: _State's)."""
     c_, n = planes.shape[0], layout.n
-    st = _State(layout, c_, version, ls, ls_known)
-    flat = planes[_order(c_, version)].reshape(c_, n).astype(np.int64)
+    flat, st = _known_state(planes, layout, version, ls, ls_known)
     every = np.arange(n)
     preds, bins = [], []
-    for c in range(c_):
-        st.x[c][:n] = flat[c]
     chunks = np.array_split(every, max(1, n // _CHUNK))  # bounded temporaries, cache-friendly
     for c in range(c_):
         pred = np.empty(n, dtype=np.int64)
@@ -1257,10 +1263,7 @@ def _diff_only(planes: np.ndarray, version: int, level: int) -> tuple[None, list
     """(None, the difference mode's plans) at effort `level`: _analysis's other process where the
     effort tries one least-squares option only (the plans read the planes alone, not the option)."""
     lay = _layout(*planes.shape[1:])
-    flat = planes[_order(planes.shape[0], version)].reshape(planes.shape[0], lay.n).astype(np.int64)
-    st = _State(lay, len(flat), version)
-    for c in range(len(flat)):
-        st.x[c][:lay.n] = flat[c]
+    flat, st = _known_state(planes, lay, version)
     with effort(level):
         return None, _diff_plans(st, lay, list(flat))
 

@@ -68,9 +68,9 @@ from . import distributions as dist
 from . import tiles as T
 from . import workers
 from .ans import Message, common_prefix_len, padding_words
-from .seed_codec import (LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, current_effort, remember_pixel_bits, seed_bits,
-                         seed_codec, seed_pixel_bits, seed_pop_known, seed_push, seed_push_known, shared_analyses, sharing)
-from .seed_codec import effort as seed_effort
+from .seed_codec import (LATEST as LATEST_SEED, VERSIONS as SEED_VERSIONS, current_effort, effort as seed_effort,
+                         remember_pixel_bits, seed_bits, seed_codec, seed_pixel_bits, seed_pop_known, seed_push,
+                         seed_push_known, shared_analyses, sharing)
 
 SEED_RATE_GUESS = 4.5  # bits/dim the seed codec gives on natural tiles, to size the seed ("growth")
 BATCHINGS = ("bits", "growth")
