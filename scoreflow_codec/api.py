@@ -1212,7 +1212,8 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
                jobs: int | None = None) -> list[imgs.SourceImage]:
     """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches. model: the
     file's model (None will do for a seed-only file, see needs_model). jobs: processes for a file in
-    parts (compress's jobs; None: every usable core within the available memory)."""
+    parts (compress's jobs; None: every usable core within the available memory), and whether the seed
+    codec's decoder makes its least-squares fits in a second process (1: no; seed_codec.jobs)."""
     _check_jobs(jobs)
     header, payload, section, low = container.unpack_all(data)
     _validate(header)
@@ -1234,7 +1235,7 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     # a seed-only stream runs no model: integers only, no torch
     run = _model_run(threads) if use_model else contextlib.nullcontext()
     try:
-        with run:
+        with run, seed_codec.jobs(jobs):
             decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress, jobs)
     except (ValueError, OverflowError, IndexError) as e:
         raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None

@@ -1148,6 +1148,33 @@ def test_predicted_sizes_count_each_mode_at_its_cost():
     assert abs(np.mean(over[7]) - np.mean(over[6])) < 0.4, (np.mean(over[6]), np.mean(over[7]))
 
 
+def test_the_coarse_share_in_float64_is_the_integer_quotient():
+    """_Counts.tables computes a coarse row's share c * DIFF_MIX // T (c <= T) as floor(c * DIFF_MIX / T) in
+    float64 where T < 2**40 (0.10.4): the same integers, also where the quotient lies just below an integer
+    (c * DIFF_MIX = k T - 1) and for totals just below the bound; at or above it the integer division."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    rng = np.random.default_rng(11)
+    t = np.concatenate([rng.integers(1, sc._FLOOR_DIV_EXACT, 300_000), sc._FLOOR_DIV_EXACT - np.arange(1, 2000),
+                        np.arange(1, 5000)])
+    k = rng.integers(1, sc.DIFF_MIX + 1, len(t))
+    for c in (np.minimum((k * t - 1) // sc.DIFF_MIX, t), rng.integers(0, t + 1), t):
+        got = np.floor(c.astype(np.float64) * sc.DIFF_MIX / t.astype(np.float64))
+        assert np.array_equal(got, (c * sc.DIFF_MIX // t).astype(np.float64))
+    fine, coarse = sc._diff_priors(7)
+    counts = sc._Counts(fine, coarse)
+    rows, crows = np.array([5, 7]), np.array([3, 3])
+    p, sign = np.array([100, 40]), np.array([1, -1])
+    counts.add(rows[:1], crows[:1], np.array([255]), sc._FLOOR_DIV_EXACT)  # a coarse total past the bound
+    cr = counts.coarse.hist[counts.coarse.map(crows[:1])[0]]
+    assert cr.sum() >= sc._FLOOR_DIV_EXACT
+    fr = [counts.hist[counts.fine.map(rows[i:i + 1])[0]] for i in range(2)]
+    lo = np.where(sign > 0, 255 - p, p)
+    want = np.stack([fr[i][lo[i]:lo[i] + 256] + cr[lo[i]:lo[i] + 256] * sc.DIFF_MIX // cr.sum() for i in range(2)])
+    want[1] = want[1, ::-1]
+    assert np.array_equal(counts.tables(rows, crows, p, sign), want.astype(np.float64))
+
+
 def test_difference_rows_are_made_on_first_use():
     """_Counts makes the difference mode's rows (12,348 fine, 1,500 coarse) as pixels first use them:
     its tables, after adds and halvings, equal those of full arrays made from the prior at once (the
@@ -1268,6 +1295,148 @@ def test_compress_with_one_job_keeps_the_analysis_in_one_process(monkeypatch):
     one = api.compress([src], None, fallback="seed", jobs=1)[0]
     assert started == []
     assert api.compress([src], None, fallback="seed", jobs=2)[0] == one and started == ["_first_option"]
+
+
+def _companion_started(monkeypatch) -> list:
+    """Make every image a candidate for the decoder's companion (_Fits) and record each companion
+    process started: [(its function's name, the process)]."""
+    from scoreflow_codec.coding import seed_codec as sc, workers
+
+    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
+    started = []
+    real = workers.companion
+
+    def spy(fn, *args):
+        proc = real(fn, *args)
+        started.append((fn.__name__, proc))
+        return proc
+
+    monkeypatch.setattr(workers, "companion", spy)
+    return started
+
+
+_FORKS = pytest.mark.skipif(not __import__("scoreflow_codec.coding.workers").coding.workers.forks(),
+                            reason="the decoder's companion process starts by fork (Linux) only")
+
+
+@_FORKS
+@pytest.mark.parametrize("version", [2, 6, LATEST])
+def test_the_decoders_fits_made_by_a_companion_are_the_same(version, monkeypatch):
+    """From 0.10.4 the decoder's least-squares fits come from a companion process a step ahead (jobs 2,
+    or by default on two cores): the same planes as in one process, the stack unwound exactly, and the
+    companion ended at the end of the decode. Without least squares (or jobs 1) none starts."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(40, 48)[:3].copy()
+    pad = padding_words(4, seed=5)
+    m = Message(pad)
+    seed_push(m, planes, version)
+    words = m.words()
+    started = _companion_started(monkeypatch)
+    for n in (1, 2):
+        with sc.jobs(n):
+            m = Message(words)
+            assert np.array_equal(seed_codec(planes.shape, version).pop(m), planes)
+            assert np.array_equal(m.words(), pad)
+        assert [name for name, _ in started] == ["_fit_ahead"] * (n - 1)
+    assert started[0][1].exitcode == 0  # it ended on its own, every fit made
+    m = Message()
+    with sc.effort(2):  # least squares off: no companion
+        seed_push(m, planes, version)
+    with sc.jobs(2):
+        assert np.array_equal(seed_codec(planes.shape, version).pop(m), planes)
+    assert len(started) == 1
+
+
+@_FORKS
+def test_a_decoder_whose_companion_dies_makes_the_fits_itself(monkeypatch):
+    """A companion killed in the middle of a decode (out of memory, a signal): the decoder waits no longer
+    for it and makes the remaining fits itself, the same pixels."""
+    import os
+
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(40, 48)[:3].copy()
+    m = Message()
+    seed_push(m, planes)
+    words = m.words()
+    started = _companion_started(monkeypatch)
+    parent, calls, real_fit = os.getpid(), [0], sc._ls_fit
+
+    def fit(st, c, idx):
+        if os.getpid() != parent:  # the companion dies at its 50th fit
+            calls[0] += 1
+            if calls[0] == 50:
+                os._exit(9)
+        return real_fit(st, c, idx)
+
+    monkeypatch.setattr(sc, "_ls_fit", fit)
+    with sc.jobs(2):
+        assert np.array_equal(seed_codec(planes.shape).pop(Message(words)), planes)
+    assert started[0][1].exitcode == 9
+
+
+@_FORKS
+def test_a_decode_that_fails_stops_its_companion(monkeypatch):
+    """An exception in the decoder (here from its ANS pops; Ctrl-C alike) ends the companion at once."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(40, 48)[:3].copy()
+    m = Message()
+    seed_push(m, planes)
+    started = _companion_started(monkeypatch)
+    calls, real_pop = [0], sc._pop
+
+    def pop(*a):
+        calls[0] += 1
+        if calls[0] == 20:
+            raise KeyboardInterrupt
+        return real_pop(*a)
+
+    monkeypatch.setattr(sc, "_pop", pop)
+    with sc.jobs(2), pytest.raises(KeyboardInterrupt):
+        seed_codec(planes.shape).pop(m)
+    (_, proc), = started
+    assert not proc.is_alive() and proc.exitcode is not None
+
+
+@_FORKS
+def test_decompress_with_one_job_keeps_the_fits_in_one_process(monkeypatch):
+    """api.decompress(jobs=1) (`--jobs 1`) starts no companion for the decoder's fits; jobs=2 does (and
+    sfcodec's check decode after compress alike: api.decompress with compress's jobs); the same pixels."""
+    from scoreflow_codec import api, images
+
+    src = images.from_array(np.ascontiguousarray(_photo_synthetic(40, 48)[:3].transpose(1, 2, 0)))
+    data = api.compress([src], None, fallback="seed", jobs=1)[0]
+    started = _companion_started(monkeypatch)
+    one = api.decompress(data, None, jobs=1)
+    assert started == []
+    two = api.decompress(data, None, jobs=2)
+    assert len(started) == 1 and np.array_equal(one[0].color, two[0].color)
+    assert np.array_equal(two[0].color, src.color)
+
+
+def test_when_the_decoder_takes_a_companion(monkeypatch):
+    from scoreflow_codec.coding import seed_codec as sc, workers
+
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    monkeypatch.setattr(workers, "forks", lambda: True)
+    big, small = sc._layout(256, 256), sc._layout(255, 256)
+    assert sc._fits_ahead(big, 1) and sc._fits_ahead(big, 2)
+    assert not sc._fits_ahead(small, 1) and not sc._fits_ahead(big, 0)  # small, or no least squares
+    with sc.jobs(1):
+        assert not sc._fits_ahead(big, 1)
+    monkeypatch.setattr(workers, "usable_cores", lambda: 1)
+    assert not sc._fits_ahead(big, 1)
+    with sc.jobs(2):  # asked for
+        assert sc._fits_ahead(big, 1)
+    monkeypatch.setattr(workers, "forks", lambda: False)  # its shared memory needs fork: never elsewhere
+    with sc.jobs(2):
+        assert not sc._fits_ahead(big, 1)
+    monkeypatch.setattr(workers, "forks", lambda: True)
+    monkeypatch.setattr(workers, "in_main_process", lambda: False)  # a worker starts no process of its own
+    with sc.jobs(2):
+        assert not sc._fits_ahead(big, 1)
 
 
 def _modes(planes: np.ndarray) -> tuple[int, list]:

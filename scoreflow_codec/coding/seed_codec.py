@@ -204,6 +204,7 @@ import functools
 import hashlib
 import lzma
 import math
+import types
 from typing import NamedTuple
 
 import constriction
@@ -449,25 +450,34 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     and the prediction use element-wise IEEE operations only, rounded to the 1/8-pixel grid.
     Since 0.9.20 one gather of [features, value] rows (a window pixel outside the image reads the
     table's zero row n) and one matmul give both sides of the equations: the same integers as
-    0.9.19's masked gathers and two matmuls, in half the time."""
+    0.9.19's masked gathers and two matmuls, in half the time. The decoder's fits (_ls_fit) may come
+    from a companion process (st.fits, 0.10.4): the same fits, made from the same table."""
     fi = _ls_features(st, c, idx)
     d = fi.shape[1]
     tab = st.feat[c]
     tab[idx, :d] = fi
     tab[idx, d] = st.x[c][idx]  # the encoder's values; the decoder's FILL until record() writes them
-    # np.take gathers whole rows about 5x faster than indexing tab[...] (the same values)
-    f = np.take(tab, _ls_window_rows(st, idx), axis=0).astype(np.float32)            # [n, K, d + 1]
-    g = np.matmul(f.transpose(0, 2, 1), f)                                            # [n, d + 1, d + 1]
-    a = g[:, :d, :d].transpose(1, 2, 0).astype(np.float64, order="C")                 # [d, d, n]
-    b = g[:, :d, d].T.astype(np.float64, order="C")                                   # [d, n]
-    a[np.arange(d), np.arange(d)] += LS_RIDGE
-    w = _solve_spd(a, b)
+    w = _ls_fit(st, c, idx) if st.fits is None else st.fits.weights(st, c, idx)
     fi = fi.T.astype(np.float64, order="C")
     p = fi[0] * w[0]
     for k in range(1, d):
         p = p + fi[k] * w[k]
     p = np.rint(p * FRAC)
     return np.where(np.isfinite(p), np.minimum(np.maximum(p, 0), 255 * FRAC), FILL * FRAC).astype(np.int64)
+
+
+def _ls_fit(st, c: int, idx: np.ndarray) -> np.ndarray:
+    """[d, n] float64: the least-squares weights of channel c at pixels idx (_ls_predict), from the rows
+    of st.feat[c] in their windows: pixels of earlier wavefronts only, so in the decoder a wavefront's
+    fits need nothing of the wavefront itself (what lets a companion make them ahead: _Fits)."""
+    d = _ls_dims(c, st.version)
+    # np.take gathers whole rows about 5x faster than indexing tab[...] (the same values)
+    f = np.take(st.feat[c], _ls_window_rows(st, idx), axis=0).astype(np.float32)     # [n, K, d + 1]
+    g = np.matmul(f.transpose(0, 2, 1), f)                                            # [n, d + 1, d + 1]
+    a = g[:, :d, :d].transpose(1, 2, 0).astype(np.float64, order="C")                 # [d, d, n]
+    b = g[:, :d, d].T.astype(np.float64, order="C")                                   # [d, n]
+    a[np.arange(d), np.arange(d)] += LS_RIDGE
+    return _solve_spd(a, b)
 
 
 def _diff_ref(st: "_State", c: int, j: np.ndarray) -> np.ndarray:
@@ -522,10 +532,12 @@ def _order(c_: int, version: int) -> list[int]:
 class _State:
     """Planes and per-pixel errors so far; every array has a sentinel slot at index n."""
 
-    def __init__(self, layout: _Layout, c: int, version: int, ls: int = 0, ls_known: list | None = None):
+    def __init__(self, layout: _Layout, c: int, version: int, ls: int = 0, ls_known: list | None = None,
+                 shared: bool = False):
         """ls: the least-squares mode (0 off, 1 on, 2 on and boosted: version 6). ls_known: the
         least-squares sub-predictions of every pixel per channel, made already (an encoder's second
-        option on the same planes: they depend on the pixels only)."""
+        option on the same planes: they depend on the pixels only). shared: the least-squares table
+        in memory that a companion forked after it reads (the decoder's _Fits)."""
         self.lay, self.version, self.ls, self.ls_known = layout, version, ls, ls_known
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
         # The smallest exact types (memory, and the neighbour gathers' traffic): a sub-prediction
@@ -537,7 +549,9 @@ class _State:
         self.own = [np.zeros((layout.n + 1, k_), dtype=np.int16) for _ in range(c)]
         # version 2: each pixel's least-squares features (pixel values and 1: uint8) and, last, its
         # value, for the pixels that train on it; row n stays 0 (a window pixel outside the image)
-        self.feat = [np.zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) for k in range(c)] if ls and ls_known is None else None
+        zeros = workers.shared_zeros if shared else np.zeros
+        self.feat = [zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) for k in range(c)] if ls and ls_known is None else None
+        self.fits: _Fits | None = None  # the decoder's fits made by a companion process (_Fits)
         self.pred = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         self.window_rows = None  # (idx, its least-squares window's rows): _ls_window_rows
         # version 3: the difference mode's residual x - prediction (channels after the first)
@@ -586,6 +600,8 @@ class _State:
         self.x[c][idx] = x
         if self.feat is not None:  # the decoder's values, for the least-squares fits after them
             self.feat[c][idx, -1] = x
+            if self.fits is not None:
+                self.fits.recorded(c)
         self.err_sub[c][idx] = np.abs(FRAC * x[:, None] - p)
         self.err[c][idx] = np.abs(FRAC * x - pred)
         self.pred[c][idx] = pred
@@ -806,6 +822,14 @@ class _Rows:
         return self.slot[rows]
 
 
+# A coarse row's share c * DIFF_MIX // T (c <= T, its total) is floor(c * DIFF_MIX / T) in float64 too: the
+# product is exact (below 2**53), and the quotient q <= DIFF_MIX = 2**12, where a double's spacing is at
+# most 2**-40, lies at least 1 / T from the next integer above unless it is one (then exact), so for T
+# below 2**40 rounding never reaches that integer and the floor is the integer quotient.
+_FLOOR_DIV_EXACT = 1 << 40
+assert DIFF_MIX <= 1 << 12
+
+
 class _Counts:
     """The adaptive counts one plane is coded with: rows of residual histograms (integer counts)
     and, in version 4's difference mode, coarse rows whose window is added to a pixel's row scaled
@@ -835,11 +859,19 @@ class _Counts:
             return _tables(self.fine.windows, rows, p, sign)
         crows = self.coarse.map(crows)
         lo = _start(p, sign)
-        t = self.fine.windows[rows, lo] + self.coarse.windows[crows, lo] * DIFF_MIX // self.coarse.total[crows, None]
+        total = self.coarse.total[crows, None]
+        if total.max() < _FLOOR_DIV_EXACT:  # the same integers in float64, about twice as fast (0.10.4)
+            t = self.coarse.windows[crows, lo].astype(np.float64)
+            t *= DIFF_MIX
+            t /= total
+            np.floor(t, out=t)
+            t += self.fine.windows[rows, lo]
+        else:
+            t = (self.fine.windows[rows, lo] + self.coarse.windows[crows, lo] * DIFF_MIX // total).astype(np.float64)
         flip = sign < 0
         if flip.any():
             t[flip] = t[flip, ::-1]
-        return t.astype(np.float64)
+        return t
 
     def add(self, rows: np.ndarray, crows: np.ndarray | None, slot: np.ndarray, inc: int) -> None:
         rows = self.fine.map(rows)  # first: a new row may grow hist
@@ -1360,6 +1392,78 @@ def _in_parallel(lay: _Layout, version: int, diff: bool = True) -> bool:
     return workers.parallel_by_default() and workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
 
 
+def _fits_ahead(lay: _Layout, ls: int) -> bool:
+    """Whether a decoder's least-squares fits (ls: on) are made by a companion process (_Fits): on
+    images of PARALLEL_MIN_PIXELS or more, where this is the user's process and processes fork (Linux),
+    with seed_codec.jobs >= 2 or by default two usable cores."""
+    if not ls or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process() or not workers.forks():
+        return False
+    n = _JOBS.get()
+    return n >= 2 if n is not None else workers.usable_cores() >= 2
+
+
+class _Fits:
+    """The decoder's least-squares fits (_ls_fit), made a step ahead by a companion process (0.10.4).
+
+    A wavefront's fits read the least-squares table's rows of earlier wavefronts only, so while this
+    process decodes channel c of wavefront t, the companion can fit channel c + 1 of wavefront t (or
+    channel 0 of t + 1): it waits (semaphore `done[c]`) until this process has recorded channel c of
+    the wavefront before, fits c for the next one from the shared table (st.feat, in memory shared
+    since before the fork), writes the weights to the shared `w[c]` and says so (`ready[c]`), which
+    this process waits for before it predicts. The fits are the same operations on the same integers:
+    the same weights, the same pixels. The fits are about a third of a photograph's decode with least
+    squares (kodim01: 5.9 of 16.0 s); the rest stays here. Should the companion end early (killed),
+    this process makes the remaining fits itself."""
+
+    def __init__(self, st: _State):
+        c_, lay = len(st.x), st.lay
+        width = max(len(s) for s in lay.steps)
+        self.w = [workers.shared_zeros((_ls_dims(c, st.version), width), np.float64) for c in range(c_)]
+        self.ready = [workers.semaphore() for _ in range(c_)]
+        self.done = [workers.semaphore() for _ in range(c_)]
+        self.proc = workers.companion(_fit_ahead, lay, st.version, st.feat, self.w, self.ready, self.done)
+        self.alone = False  # the companion is gone: every fit made here
+
+    @classmethod
+    @contextlib.contextmanager
+    def run(cls, st: _State, start: bool):
+        """Within the scope st's fits come from a companion where `start` (and it starts), else from this
+        process; the companion stops on leaving it."""
+        if not start:
+            yield
+            return
+        st.fits = cls(st)
+        try:
+            yield
+        finally:
+            workers.stop(st.fits.proc)
+            st.fits = None
+
+    def weights(self, st: _State, c: int, idx: np.ndarray) -> np.ndarray:
+        if not self.alone:
+            if workers.acquire(self.ready[c], self.proc):
+                return self.w[c][:, :len(idx)]
+            self.alone = True
+        return _ls_fit(st, c, idx)
+
+    def recorded(self, c: int) -> None:
+        """Channel c of the wavefront has its values in the table: the companion may fit the next."""
+        if not self.alone:
+            self.done[c].release()
+
+
+def _fit_ahead(lay: _Layout, version: int, feat: list, w: list, ready: list, done: list) -> None:
+    """The companion of _Fits: every wavefront's fits in the decoder's order, each one once the
+    decoder has recorded the same channel of the wavefront before."""
+    st = types.SimpleNamespace(lay=lay, version=version, feat=feat, window_rows=None)
+    for k, idx in enumerate(lay.steps):
+        for c in range(len(feat)):
+            if k and not workers.acquire_in_companion(done[c]):
+                return
+            w[c][:, :len(idx)] = _ls_fit(st, c, idx)
+            ready[c].release()
+
+
 def _key(planes: np.ndarray, version: int) -> tuple:
     """The key of planes' analysis in shared_analyses()'s store (at the scope's effort: its modes)."""
     return (version, _EFFORT.get(), planes.shape, planes.dtype.str,
@@ -1593,7 +1697,16 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
     if version >= 3:
         for c in range(1, c_):
             mode[c] = int((_MODE3 if version >= 7 else _FLAG).pop(m)) if const[c] is None else 0
-    st = _State(lay, c_, version, ls)
+    companion = _fits_ahead(lay, ls)
+    st = _State(lay, c_, version, ls, shared=companion)
+    with _Fits.run(st, companion):
+        return _pop_pixels(m, st, c_, version, const, mode, known, coded)
+
+
+def _pop_pixels(m: Message, st: _State, c_: int, version: int, const: list, mode: list,
+                known: np.ndarray | None, coded: np.ndarray | None) -> np.ndarray:
+    """_pop_plans' pixels, after its flags and modes: [C, n] planes in coding order."""
+    lay = st.lay
     bias = _Bias(c_) if version >= 2 else None
     cascade = _Cascade(c_) if version >= 8 else None
     coarse = version >= 4  # version 4's difference mode: fine and coarse rows

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import mmap
 import multiprocessing
 import os
 import signal
@@ -27,6 +28,8 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Sequence
+
+import numpy as np
 
 from ..errors import SfcError
 
@@ -275,3 +278,61 @@ def each(fn: Callable, items: Sequence[tuple], jobs: int, need: Sequence[int] | 
                 i = running.pop(fut)
                 held -= need[i]
                 yield i, fut.result()
+
+
+# A companion (0.10.4): one process forked beside this one that works a step ahead of it through a
+# sequential computation, the two exchanging arrays in shared memory and handing each step over with
+# semaphores (the seed codec's decoder: its least-squares fits). Linux only (forks()): the shared arrays
+# are anonymous mappings made before the fork, which a spawned process could not see.
+
+def shared_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array in memory that the processes forked after it share with this one."""
+    count = int(np.prod(shape, dtype=np.int64))
+    buf = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))  # MAP_SHARED | MAP_ANONYMOUS
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+def semaphore():
+    """A semaphore at 0 that a companion forked after it shares."""
+    return multiprocessing.get_context("fork").Semaphore(0)
+
+
+def companion(fn: Callable, *args) -> multiprocessing.Process:
+    """fn(*args) in a process forked now (forks() must hold): it ignores Ctrl-C as the pool's workers do
+    (the parent, which handles it, stops it: stop), and ends with its parent at the latest (daemon)."""
+    proc = multiprocessing.get_context("fork").Process(target=_companion_main, args=(fn, args), daemon=True)
+    proc.start()
+    return proc
+
+
+def _companion_main(fn: Callable, args: tuple) -> None:
+    _start_worker()
+    fn(*args)
+
+
+def acquire(sem, proc: multiprocessing.Process, poll: float = 0.5) -> bool:
+    """Wait for sem while the companion proc lives: True once acquired, False where proc ended first."""
+    while not sem.acquire(timeout=poll):
+        if not proc.is_alive():
+            return sem.acquire(block=False)  # it may have released it just before it ended
+    return True
+
+
+def acquire_in_companion(sem, poll: float = 1.0) -> bool:
+    """In a companion: wait for sem while the parent lives; False where the parent is gone (killed)."""
+    parent = multiprocessing.parent_process()
+    while not sem.acquire(timeout=poll):
+        if parent is None or not parent.is_alive():
+            return False
+    return True
+
+
+def stop(proc: multiprocessing.Process, grace: float = 5.0) -> None:
+    """End a companion: at once (SIGTERM, then SIGKILL after `grace` seconds) where it still runs."""
+    with contextlib.suppress(OSError, ValueError):
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(grace)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
