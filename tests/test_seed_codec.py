@@ -1298,7 +1298,7 @@ def test_compress_with_one_job_keeps_the_analysis_in_one_process(monkeypatch):
 
 
 def _companion_started(monkeypatch) -> list:
-    """Make every image a candidate for the decoder's companion (_Fits) and record each companion
+    """Make every image a candidate for the decoder's companion (_Companion) and record each companion
     process started: [(its function's name, the process)]."""
     from scoreflow_codec.coding import seed_codec as sc, workers
 
@@ -1320,17 +1320,24 @@ _FORKS = pytest.mark.skipif(not __import__("scoreflow_codec.coding.workers").cod
 
 
 @_FORKS
-@pytest.mark.parametrize("version", [2, 6, LATEST])
-def test_the_decoders_fits_made_by_a_companion_are_the_same(version, monkeypatch):
-    """From 0.10.4 the decoder's least-squares fits come from a companion process a step ahead (jobs 2,
-    or by default on two cores): the same planes as in one process, the stack unwound exactly, and the
-    companion ended at the end of the decode. Without least squares (or jobs 1) none starts."""
+@pytest.mark.parametrize("version,level", [(1, 3), (2, 3), (6, 3), (LATEST, 3), (LATEST, 2), (LATEST, 1)])
+def test_a_decoder_with_a_companion_decodes_the_same(version, level, monkeypatch):
+    """From 0.10.4 what the decoder needs of earlier wavefronts only (least-squares fits, the blend's and
+    the mixed mode's weights) comes from a companion process a step ahead (jobs 2, or by default on two
+    cores): the same planes as in one process (jobs 1: no companion), the stack unwound exactly, and the
+    companion ended on its own at the end of the decode, its work done. Here with the modes each effort
+    allows (least squares at effort 3, the mixed mode from 2), and a plane kept constant."""
     from scoreflow_codec.coding import seed_codec as sc
 
-    planes = _photo_synthetic(40, 48)[:3].copy()
+    planes = _photo_synthetic(40, 48).copy()
+    planes[3] = 200  # alpha: a constant plane
     pad = padding_words(4, seed=5)
     m = Message(pad)
-    seed_push(m, planes, version)
+    with sc.effort(level):
+        seed_push(m, planes, version)
+        modes = _modes(planes)
+    if version == LATEST:  # the modes the test is for
+        assert bool(modes[0]) == (level == 3) and (2 in modes[1]) == (level >= 2) and modes[1][3] is None
     words = m.words()
     started = _companion_started(monkeypatch)
     for n in (1, 2):
@@ -1338,20 +1345,14 @@ def test_the_decoders_fits_made_by_a_companion_are_the_same(version, monkeypatch
             m = Message(words)
             assert np.array_equal(seed_codec(planes.shape, version).pop(m), planes)
             assert np.array_equal(m.words(), pad)
-        assert [name for name, _ in started] == ["_fit_ahead"] * (n - 1)
-    assert started[0][1].exitcode == 0  # it ended on its own, every fit made
-    m = Message()
-    with sc.effort(2):  # least squares off: no companion
-        seed_push(m, planes, version)
-    with sc.jobs(2):
-        assert np.array_equal(seed_codec(planes.shape, version).pop(m), planes)
-    assert len(started) == 1
+        assert [name for name, _ in started] == ["_run_ahead"] * (n - 1)
+    assert started[0][1].exitcode == 0
 
 
 @_FORKS
-def test_a_decoder_whose_companion_dies_makes_the_fits_itself(monkeypatch):
+def test_a_decoder_whose_companion_dies_goes_on_alone(monkeypatch):
     """A companion killed in the middle of a decode (out of memory, a signal): the decoder waits no longer
-    for it and makes the remaining fits itself, the same pixels."""
+    for it and makes the rest of its work itself, the same pixels."""
     import os
 
     from scoreflow_codec.coding import seed_codec as sc
@@ -1361,16 +1362,16 @@ def test_a_decoder_whose_companion_dies_makes_the_fits_itself(monkeypatch):
     seed_push(m, planes)
     words = m.words()
     started = _companion_started(monkeypatch)
-    parent, calls, real_fit = os.getpid(), [0], sc._ls_fit
+    parent, calls, real = os.getpid(), [0], sc._ahead
 
-    def fit(st, c, idx):
-        if os.getpid() != parent:  # the companion dies at its 50th fit
+    def ahead(*a):
+        if os.getpid() != parent:  # the companion dies at its 50th step
             calls[0] += 1
             if calls[0] == 50:
                 os._exit(9)
-        return real_fit(st, c, idx)
+        return real(*a)
 
-    monkeypatch.setattr(sc, "_ls_fit", fit)
+    monkeypatch.setattr(sc, "_ahead", ahead)
     with sc.jobs(2):
         assert np.array_equal(seed_codec(planes.shape).pop(Message(words)), planes)
     assert started[0][1].exitcode == 9
@@ -1401,8 +1402,8 @@ def test_a_decode_that_fails_stops_its_companion(monkeypatch):
 
 
 @_FORKS
-def test_decompress_with_one_job_keeps_the_fits_in_one_process(monkeypatch):
-    """api.decompress(jobs=1) (`--jobs 1`) starts no companion for the decoder's fits; jobs=2 does (and
+def test_decompress_with_one_job_keeps_the_decoder_in_one_process(monkeypatch):
+    """api.decompress(jobs=1) (`--jobs 1`) starts no companion for the seed codec's decoder; jobs=2 does (and
     sfcodec's check decode after compress alike: api.decompress with compress's jobs); the same pixels."""
     from scoreflow_codec import api, images
 
@@ -1422,21 +1423,20 @@ def test_when_the_decoder_takes_a_companion(monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 2)
     monkeypatch.setattr(workers, "forks", lambda: True)
     big, small = sc._layout(256, 256), sc._layout(255, 256)
-    assert sc._fits_ahead(big, 1) and sc._fits_ahead(big, 2)
-    assert not sc._fits_ahead(small, 1) and not sc._fits_ahead(big, 0)  # small, or no least squares
+    assert sc._companion_starts(big) and not sc._companion_starts(small)
     with sc.jobs(1):
-        assert not sc._fits_ahead(big, 1)
+        assert not sc._companion_starts(big)
     monkeypatch.setattr(workers, "usable_cores", lambda: 1)
-    assert not sc._fits_ahead(big, 1)
+    assert not sc._companion_starts(big)
     with sc.jobs(2):  # asked for
-        assert sc._fits_ahead(big, 1)
+        assert sc._companion_starts(big)
     monkeypatch.setattr(workers, "forks", lambda: False)  # its shared memory needs fork: never elsewhere
     with sc.jobs(2):
-        assert not sc._fits_ahead(big, 1)
+        assert not sc._companion_starts(big)
     monkeypatch.setattr(workers, "forks", lambda: True)
     monkeypatch.setattr(workers, "in_main_process", lambda: False)  # a worker starts no process of its own
     with sc.jobs(2):
-        assert not sc._fits_ahead(big, 1)
+        assert not sc._companion_starts(big)
 
 
 def _modes(planes: np.ndarray) -> tuple[int, list]:

@@ -259,3 +259,69 @@ def test_a_worker_that_does_not_stop_on_sigterm_is_killed():
             time.sleep(1.0)  # the worker is in its sleep, SIGTERM ignored
             raise KeyError("the caller failed")
     assert time.perf_counter() - t0 < 20
+
+
+def _echo_ahead(buf, ready, done, steps):
+    """A companion: step k writes k + 1 to buf once the parent has released `done` for step k - 1."""
+    for k in range(steps):
+        if k and not workers.acquire_in_companion(done, poll=0.2):
+            return
+        buf[k] = k + 1
+        ready.release()
+
+
+@pytest.mark.skipif(not workers.forks(), reason="companions start by fork (Linux) only")
+def test_a_companion_works_a_step_ahead_through_shared_memory():
+    """workers.companion (0.10.4, the seed codec's decoder): a forked process that writes into an array of
+    shared memory made before the fork, each step handed over by semaphores, and ends on its own; acquire
+    says False once it is gone without releasing."""
+    import numpy as np
+
+    buf = workers.shared_zeros((50,), np.int64)
+    ready, done = workers.semaphore(), workers.semaphore()
+    proc = workers.companion(_echo_ahead, buf, ready, done, 50)
+    assert proc.pid != os.getpid()
+    for k in range(50):
+        assert workers.acquire(ready, proc) and buf[k] == k + 1
+        done.release()
+    workers.stop(proc, wait=5.0)
+    assert proc.exitcode == 0
+    proc = workers.companion(_echo_ahead, buf, ready, done, 0)  # releases nothing
+    assert not workers.acquire(ready, proc, poll=0.05)
+    workers.stop(proc)
+
+
+_ORPHAN = """
+import sys, time
+from scoreflow_codec.coding import workers
+sem = workers.semaphore()
+proc = workers.companion(workers.acquire_in_companion, sem, 0.2)   # waits for ever on sem
+print(proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not workers.forks(), reason="companions start by fork (Linux) only")
+def test_a_companion_ends_when_its_parent_is_killed():
+    """A parent killed outright (SIGKILL: no cleanup of its own) leaves no companion behind: it sees its
+    parent gone while it waits, and ends."""
+    import signal
+    import subprocess
+
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)  # still there (or a zombie until init reaps it)
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the companion outlived its killed parent by 10 s")

@@ -438,7 +438,7 @@ def _window_rows(lay: _Layout, idx: np.ndarray, window: np.ndarray) -> np.ndarra
     return np.where(ok, idx[:, None] + dy * w_ + dx, lay.n)
 
 
-def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
+def _ls_predict(st: "_State", c: int, idx: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
     """Version 2's eighth sub-predictor (GLICBAWLS-style), in 1/8 pixel: least squares on the
     pixels of _ls_window around each pixel (features from _ls_features), ridge LS_RIDGE. Pixels
     must come in an order where those are known (wavefronts, or raster order); it records the
@@ -450,14 +450,15 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
     and the prediction use element-wise IEEE operations only, rounded to the 1/8-pixel grid.
     Since 0.9.20 one gather of [features, value] rows (a window pixel outside the image reads the
     table's zero row n) and one matmul give both sides of the equations: the same integers as
-    0.9.19's masked gathers and two matmuls, in half the time. The decoder's fits (_ls_fit) may come
-    from a companion process (st.fits, 0.10.4): the same fits, made from the same table."""
+    0.9.19's masked gathers and two matmuls, in half the time. w: the fits (_ls_fit) where made
+    already (the decoder's companion process, _Companion, 0.10.4: the same fits from the same table)."""
     fi = _ls_features(st, c, idx)
     d = fi.shape[1]
     tab = st.feat[c]
     tab[idx, :d] = fi
     tab[idx, d] = st.x[c][idx]  # the encoder's values; the decoder's FILL until record() writes them
-    w = _ls_fit(st, c, idx) if st.fits is None else st.fits.weights(st, c, idx)
+    if w is None:
+        w = _ls_fit(st, c, idx)
     fi = fi.T.astype(np.float64, order="C")
     p = fi[0] * w[0]
     for k in range(1, d):
@@ -469,7 +470,7 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
 def _ls_fit(st, c: int, idx: np.ndarray) -> np.ndarray:
     """[d, n] float64: the least-squares weights of channel c at pixels idx (_ls_predict), from the rows
     of st.feat[c] in their windows: pixels of earlier wavefronts only, so in the decoder a wavefront's
-    fits need nothing of the wavefront itself (what lets a companion make them ahead: _Fits)."""
+    fits need nothing of the wavefront itself (what lets a companion make them ahead: _Companion)."""
     d = _ls_dims(c, st.version)
     # np.take gathers whole rows about 5x faster than indexing tab[...] (the same values)
     f = np.take(st.feat[c], _ls_window_rows(st, idx), axis=0).astype(np.float32)     # [n, K, d + 1]
@@ -537,21 +538,21 @@ class _State:
         """ls: the least-squares mode (0 off, 1 on, 2 on and boosted: version 6). ls_known: the
         least-squares sub-predictions of every pixel per channel, made already (an encoder's second
         option on the same planes: they depend on the pixels only). shared: the least-squares table
-        in memory that a companion forked after it reads (the decoder's _Fits)."""
+        and the blend's errors in memory that a companion forked after it reads (_Companion)."""
         self.lay, self.version, self.ls, self.ls_known = layout, version, ls, ls_known
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
         # The smallest exact types (memory, and the neighbour gathers' traffic): a sub-prediction
         # lies in -6120 .. 8160 (1/8 pixel; own ones in -2040 .. 4080: int16), so an error |8 x - p|
         # is at most 8160 and the blend's sum of six at most 48960 < 2**16 (uint16).
         k_ = 8 if ls else 7  # version 2 may add the local least-squares predictor
-        self.err_sub = [np.zeros((layout.n + 1, k_ * (k + 1)), dtype=np.uint16) for k in range(c)]
+        self.zeros = workers.shared_zeros if shared else np.zeros
+        self.err_sub = [self.zeros((layout.n + 1, k_ * (k + 1)), dtype=np.uint16) for k in range(c)]
         self.err = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         self.own = [np.zeros((layout.n + 1, k_), dtype=np.int16) for _ in range(c)]
         # version 2: each pixel's least-squares features (pixel values and 1: uint8) and, last, its
         # value, for the pixels that train on it; row n stays 0 (a window pixel outside the image)
-        zeros = workers.shared_zeros if shared else np.zeros
-        self.feat = [zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) for k in range(c)] if ls and ls_known is None else None
-        self.fits: _Fits | None = None  # the decoder's fits made by a companion process (_Fits)
+        self.feat = [self.zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) for k in range(c)] if ls and ls_known is None else None
+        self.companion: _Companion | None = None  # the decoder's companion process, where it has one
         self.pred = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         self.window_rows = None  # (idx, its least-squares window's rows): _ls_window_rows
         # version 3: the difference mode's residual x - prediction (channels after the first)
@@ -561,11 +562,12 @@ class _State:
         self.mixd: dict[int, np.ndarray] = {}
         self.mix_rows = None
 
-    def inputs(self, c: int, idx: np.ndarray) -> np.ndarray:
-        """Sub-predictions [n, 7 (c+1)] for channel c at pixels idx (neighbours known)."""
+    def inputs(self, c: int, idx: np.ndarray, ls_w: np.ndarray | None = None) -> np.ndarray:
+        """Sub-predictions [n, 7 (c+1)] for channel c at pixels idx (neighbours known); ls_w: the
+        least-squares fits where made already (_ls_predict)."""
         own = _subpredictors(self.x[c][self.lay.nbr[:, idx]])
         if self.ls:
-            lsp = _ls_predict(self, c, idx) if self.ls_known is None else self.ls_known[c][idx]
+            lsp = _ls_predict(self, c, idx, ls_w) if self.ls_known is None else self.ls_known[c][idx]
             own = np.concatenate([own, lsp[:, None]], axis=1)
         self.own[c][idx] = own  # channels > c reuse it at this pixel
         if c == 0:
@@ -575,14 +577,9 @@ class _State:
             parts.append(own + (FRAC * self.x[r][idx, None] - self.own[r][idx]))
         return np.concatenate(parts, axis=1)
 
-    def blend(self, c: int, idx: np.ndarray, p: np.ndarray) -> np.ndarray:
-        nb = self.lay.nbr[:, idx]
-        e = self.err_sub[c]
-        s = (e[nb[0]] + e[nb[1]] + e[nb[2]] + e[nb[3]] + e[nb[4]] + e[nb[5]]).astype(np.int64)
-        wt = _WEIGHT_ONE // (FRAC + s) ** 2
-        if self.ls == 2:  # version 6's boosted mode: the least-squares sub-predictions (own and transferred)
-            wt[:, 7::8] *= LS_BOOST
-        tot = wt.sum(axis=1)
+    def blend(self, c: int, idx: np.ndarray, p: np.ndarray, weights: tuple | None = None) -> np.ndarray:
+        """The blend of sub-predictions p; weights: _blend_weights's, where made already."""
+        wt, tot = _blend_weights(self, c, idx) if weights is None else weights
         return ((wt * p).sum(axis=1) + tot // 2) // tot
 
     def bins(self, c: int, idx: np.ndarray) -> np.ndarray:
@@ -600,11 +597,23 @@ class _State:
         self.x[c][idx] = x
         if self.feat is not None:  # the decoder's values, for the least-squares fits after them
             self.feat[c][idx, -1] = x
-            if self.fits is not None:
-                self.fits.recorded(c)
         self.err_sub[c][idx] = np.abs(FRAC * x[:, None] - p)
         self.err[c][idx] = np.abs(FRAC * x - pred)
         self.pred[c][idx] = pred
+        if self.companion is not None:  # last: everything the companion reads of channel c is in
+            self.companion.recorded(c)
+
+
+def _blend_weights(st, c: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The blend's weights [n, K] of channel c's sub-predictions at pixels idx, and their sums [n]: from
+    the sub-predictors' errors at the six causal neighbours (earlier wavefronts only)."""
+    nb = st.lay.nbr[:, idx]
+    e = st.err_sub[c]
+    s = (e[nb[0]] + e[nb[1]] + e[nb[2]] + e[nb[3]] + e[nb[4]] + e[nb[5]]).astype(np.int64)
+    wt = _WEIGHT_ONE // (FRAC + s) ** 2
+    if st.ls == 2:  # version 6's boosted mode: the least-squares sub-predictions (own and transferred)
+        wt[:, 7::8] *= LS_BOOST
+    return wt, wt.sum(axis=1)
 
 
 def _bit_length(v: np.ndarray) -> np.ndarray:
@@ -860,7 +869,7 @@ class _Counts:
         crows = self.coarse.map(crows)
         lo = _start(p, sign)
         total = self.coarse.total[crows, None]
-        if total.max() < _FLOOR_DIV_EXACT:  # the same integers in float64, about twice as fast (0.10.4)
+        if total.max(initial=0) < _FLOOR_DIV_EXACT:  # the same integers in float64, about twice as fast (0.10.4)
             t = self.coarse.windows[crows, lo].astype(np.float64)
             t *= DIFF_MIX
             t /= total
@@ -1392,76 +1401,114 @@ def _in_parallel(lay: _Layout, version: int, diff: bool = True) -> bool:
     return workers.parallel_by_default() and workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
 
 
-def _fits_ahead(lay: _Layout, ls: int) -> bool:
-    """Whether a decoder's least-squares fits (ls: on) are made by a companion process (_Fits): on
-    images of PARALLEL_MIN_PIXELS or more, where this is the user's process and processes fork (Linux),
-    with seed_codec.jobs >= 2 or by default two usable cores."""
-    if not ls or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process() or not workers.forks():
+def _companion_starts(lay: _Layout) -> bool:
+    """Whether a decoder has a companion process (_Companion): on images of PARALLEL_MIN_PIXELS or more,
+    where this is the user's process and processes fork (Linux), with seed_codec.jobs >= 2 or by
+    default two usable cores."""
+    if lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process() or not workers.forks():
         return False
     n = _JOBS.get()
     return n >= 2 if n is not None else workers.usable_cores() >= 2
 
 
-class _Fits:
-    """The decoder's least-squares fits (_ls_fit), made a step ahead by a companion process (0.10.4).
+class _Ahead(NamedTuple):
+    """What the decoder needs of a channel in a wavefront that reads earlier wavefronts only: the
+    least-squares fits (_ls_fit; None without least squares), the blend's weights and their sums
+    (_blend_weights), the mixed mode's weights (_mix_weight; None in another mode)."""
+    ls: np.ndarray | None
+    blend: tuple
+    mix: np.ndarray | None
 
-    A wavefront's fits read the least-squares table's rows of earlier wavefronts only, so while this
-    process decodes channel c of wavefront t, the companion can fit channel c + 1 of wavefront t (or
-    channel 0 of t + 1): it waits (semaphore `done[c]`) until this process has recorded channel c of
-    the wavefront before, fits c for the next one from the shared table (st.feat, in memory shared
-    since before the fork), writes the weights to the shared `w[c]` and says so (`ready[c]`), which
-    this process waits for before it predicts. The fits are the same operations on the same integers:
-    the same weights, the same pixels. The fits are about a third of a photograph's decode with least
-    squares (kodim01: 5.9 of 16.0 s); the rest stays here. Should the companion end early (killed),
-    this process makes the remaining fits itself."""
 
-    def __init__(self, st: _State):
+def _ahead(st, c: int, idx: np.ndarray, mixed: bool) -> _Ahead:
+    """_Ahead of channel c at wavefront idx, from the state's tables (st: a _State, or the companion's
+    view of one)."""
+    return _Ahead(None if st.feat is None else _ls_fit(st, c, idx), _blend_weights(st, c, idx),
+                  _mix_weight(st.mixd[c][_mix_rows(st, idx)].sum(axis=1)) if mixed else None)
+
+
+class _Companion:
+    """The decoder's companion process (0.10.4): it makes each wavefront's _Ahead a step before the
+    decoder needs it, the decoder doing everything else.
+
+    What _ahead reads lies in earlier wavefronts only, so while this process decodes channel c of
+    wavefront t, the companion can make channel c + 1's of wavefront t (or channel 0's of t + 1): it
+    waits (semaphore `done[c]`) until this process has recorded channel c of the wavefront before,
+    makes c's for the next from the state's tables (the least-squares table, the blend's errors, the
+    mixed mode's codelengths: in memory shared since before the fork), writes them to shared buffers
+    and says so (`ready[c]`), which this process waits for before it predicts. The same operations on
+    the same integers: the same pixels. The fits are about a third of a photograph's decode with least
+    squares (kodim01: 5.9 of 16.0 s), the weights most of a tenth. Should the companion end early
+    (killed), this process makes the rest itself."""
+
+    def __init__(self, st: _State, mixed: list[bool]):
         c_, lay = len(st.x), st.lay
         width = max(len(s) for s in lay.steps)
-        self.w = [workers.shared_zeros((_ls_dims(c, st.version), width), np.float64) for c in range(c_)]
+        zeros = workers.shared_zeros
+        self.mixed = mixed
+        self.ls = [None if st.feat is None else zeros((_ls_dims(c, st.version), width), np.float64) for c in range(c_)]
+        self.wt = [zeros((width, st.err_sub[c].shape[1]), np.int64) for c in range(c_)]
+        self.tot = [zeros((width,), np.int64) for _ in range(c_)]
+        self.mix = [zeros((width,), _MIX_W.dtype) if mixed[c] else None for c in range(c_)]
         self.ready = [workers.semaphore() for _ in range(c_)]
         self.done = [workers.semaphore() for _ in range(c_)]
-        self.proc = workers.companion(_fit_ahead, lay, st.version, st.feat, self.w, self.ready, self.done)
-        self.alone = False  # the companion is gone: every fit made here
+        view = types.SimpleNamespace(lay=lay, version=st.version, ls=st.ls, feat=st.feat, err_sub=st.err_sub,
+                                     mixd=st.mixd, window_rows=None, mix_rows=None)
+        self.proc = workers.companion(_run_ahead, self, view)
+        self.alone = False  # the companion is gone: everything made here
 
     @classmethod
     @contextlib.contextmanager
-    def run(cls, st: _State, start: bool):
-        """Within the scope st's fits come from a companion where `start` (and it starts), else from this
-        process; the companion stops on leaving it."""
+    def run(cls, st: _State, start: bool, mixed: list[bool]):
+        """Within the scope st has a companion where `start` (st made with shared=True); it stops on
+        leaving the scope."""
         if not start:
             yield
             return
-        st.fits = cls(st)
+        st.companion = comp = cls(st, mixed)
         try:
             yield
+        except BaseException:  # Ctrl-C, an error: it stops at once
+            workers.stop(comp.proc)
+            raise
+        else:  # the decode is done, and so is its work: it ends on its own
+            workers.stop(comp.proc, wait=5.0)
         finally:
-            workers.stop(st.fits.proc)
-            st.fits = None
+            st.companion = None
 
-    def weights(self, st: _State, c: int, idx: np.ndarray) -> np.ndarray:
+    def get(self, st: _State, c: int, idx: np.ndarray) -> _Ahead:
+        """Channel c's _Ahead at wavefront idx: the companion's, or made here once it is gone."""
         if not self.alone:
             if workers.acquire(self.ready[c], self.proc):
-                return self.w[c][:, :len(idx)]
+                n = len(idx)
+                return _Ahead(None if self.ls[c] is None else self.ls[c][:, :n], (self.wt[c][:n], self.tot[c][:n]),
+                              None if self.mix[c] is None else self.mix[c][:n])
             self.alone = True
-        return _ls_fit(st, c, idx)
+        return _ahead(st, c, idx, self.mixed[c])
 
     def recorded(self, c: int) -> None:
-        """Channel c of the wavefront has its values in the table: the companion may fit the next."""
+        """Channel c of the wavefront is recorded: the companion may make its next."""
         if not self.alone:
             self.done[c].release()
 
+    def put(self, c: int, n: int, got: _Ahead) -> None:
+        """In the companion: channel c's _Ahead of a wavefront of n pixels into the shared buffers."""
+        if got.ls is not None:
+            self.ls[c][:, :n] = got.ls
+        self.wt[c][:n], self.tot[c][:n] = got.blend
+        if got.mix is not None:
+            self.mix[c][:n] = got.mix
+        self.ready[c].release()
 
-def _fit_ahead(lay: _Layout, version: int, feat: list, w: list, ready: list, done: list) -> None:
-    """The companion of _Fits: every wavefront's fits in the decoder's order, each one once the
-    decoder has recorded the same channel of the wavefront before."""
-    st = types.SimpleNamespace(lay=lay, version=version, feat=feat, window_rows=None)
-    for k, idx in enumerate(lay.steps):
-        for c in range(len(feat)):
-            if k and not workers.acquire_in_companion(done[c]):
+
+def _run_ahead(comp: _Companion, view) -> None:
+    """The companion process: every wavefront's _Ahead in the decoder's order, each once the decoder
+    has recorded the same channel of the wavefront before."""
+    for k, idx in enumerate(view.lay.steps):
+        for c in range(len(comp.mixed)):
+            if k and not workers.acquire_in_companion(comp.done[c]):
                 return
-            w[c][:, :len(idx)] = _ls_fit(st, c, idx)
-            ready[c].release()
+            comp.put(c, len(idx), _ahead(view, c, idx, comp.mixed[c]))
 
 
 def _key(planes: np.ndarray, version: int) -> tuple:
@@ -1697,9 +1744,12 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
     if version >= 3:
         for c in range(1, c_):
             mode[c] = int((_MODE3 if version >= 7 else _FLAG).pop(m)) if const[c] is None else 0
-    companion = _fits_ahead(lay, ls)
-    st = _State(lay, c_, version, ls, shared=companion)
-    with _Fits.run(st, companion):
+    ahead = _companion_starts(lay)
+    st = _State(lay, c_, version, ls, shared=ahead)
+    for c in range(c_):
+        if mode[c] == 2:
+            st.mixd[c] = st.zeros(lay.n + 1, dtype=np.int64)
+    with _Companion.run(st, ahead, [k == 2 for k in mode]):
         return _pop_pixels(m, st, c_, version, const, mode, known, coded)
 
 
@@ -1714,14 +1764,12 @@ def _pop_pixels(m: Message, st: _State, c_: int, version: int, const: list, mode
     counts = [([_Counts(_prior()[min(c, 1)], halve_at=_blend_halve(version))] if mode[c] != 1 else [])
               + ([_Counts(*_diff_priors(version), halve_at=_diff_halve(version))] if mode[c] else [])
               for c in range(c_)]
-    for c in range(c_):
-        if mode[c] == 2:
-            st.mixd[c] = np.zeros(lay.n + 1, dtype=np.int64)
     for idx in lay.steps:
         sel = None if coded is None else coded[idx]
         for c in range(c_):
-            p = st.inputs(c, idx)
-            pred = st.blend(c, idx, p)
+            got = None if st.companion is None else st.companion.get(st, c, idx)  # _Ahead
+            p = st.inputs(c, idx, None if got is None else got.ls)
+            pred = st.blend(c, idx, p, None if got is None else got.blend)
             # the difference mode's prediction: for this channel's pixels, or the next one's contexts
             dc = _diff_centre(st, c, idx) if mode[c] or (0 < c < c_ - 1 and mode[c + 1]) else None
             if const[c] is not None:
@@ -1746,7 +1794,7 @@ def _pop_pixels(m: Message, st: _State, c_: int, version: int, const: list, mode
                 mixed = mode[c] == 2
                 if mixed:  # every pixel's tables: their costs weigh the pixels after them
                     tb, td = (cc.tables(*k) for cc, k in zip(counts[c], coding))
-                    w = _mix_weight(st.mixd[c][_mix_rows(st, idx)].sum(axis=1))
+                    w = _mix_weight(st.mixd[c][_mix_rows(st, idx)].sum(axis=1)) if got is None else got.mix
                     t, sb, sd = _mix_tables(tb, td, w)
                 if sel is None:
                     x = _pop(m, len(idx), _CATEGORICAL, t if mixed else counts[c][0].tables(*coding[0]))

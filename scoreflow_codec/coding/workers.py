@@ -327,9 +327,12 @@ def acquire_in_companion(sem, poll: float = 1.0) -> bool:
     return True
 
 
-def stop(proc: multiprocessing.Process, grace: float = 5.0) -> None:
-    """End a companion: at once (SIGTERM, then SIGKILL after `grace` seconds) where it still runs."""
+def stop(proc: multiprocessing.Process, wait: float = 0.0, grace: float = 5.0) -> None:
+    """End a companion: where it still runs after `wait` seconds (a companion whose work is done, ending
+    on its own), SIGTERM, then SIGKILL after `grace` seconds more."""
     with contextlib.suppress(OSError, ValueError):
+        if wait > 0:
+            proc.join(wait)
         if proc.is_alive():
             proc.terminate()
         proc.join(grace)
