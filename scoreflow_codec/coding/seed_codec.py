@@ -188,6 +188,11 @@ one decoded; 2026-12-07, the 2-core AMD EPYC with AVX2, one process, nothing els
 images: effort 3 2.7077 bits/dim, encode 23.1 s and decode 17.0 s an image; effort 2 2.7290 (+0.79%,
 +0.17% to +2.28% per image), 11.4 s and 10.2 s; effort 1 2.7823 (+2.76%, +0.92% to +4.90%), 9.4 s and
 6.0 s. Every effort's file is below JPEG-XL at effort 9 on all 24 (effort 1's closest: -0.44%).
+The decoder's companion (0.10.4; no new version, the same pixels from the same files): what the
+decoder needs of a channel in a wavefront that reads earlier wavefronts only (the least-squares fits,
+the blend's weights, the mixed mode's weights: _Ahead) is made a step ahead by a second process, forked
+with the state's tables in shared memory (_Companion), while this one does everything else. On two
+cores kodim01 decodes in about 10 s instead of 16 at effort 3 (RESULTS.md, 0.10.4).
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
