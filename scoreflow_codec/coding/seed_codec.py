@@ -1406,11 +1406,12 @@ def _in_parallel(lay: _Layout, version: int, diff: bool = True) -> bool:
     return workers.parallel_by_default() and workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
 
 
-def _companion_starts(lay: _Layout) -> bool:
-    """Whether a decoder has a companion process (_Companion): on images of PARALLEL_MIN_PIXELS or more,
-    where this is the user's process and processes fork (Linux), with seed_codec.jobs >= 2 or by
-    default two usable cores."""
-    if lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process() or not workers.forks():
+def _companion_starts(lay: _Layout, ls: int) -> bool:
+    """Whether a decoder has a companion process (_Companion): with least squares (ls; without them what
+    it would take over is about a tenth of the decode, and on 2 cores it saved nothing measurable:
+    RESULTS.md, 0.10.4), on images of PARALLEL_MIN_PIXELS or more, where this is the user's process and
+    processes fork (Linux), with seed_codec.jobs >= 2 or by default two usable cores."""
+    if not ls or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process() or not workers.forks():
         return False
     n = _JOBS.get()
     return n >= 2 if n is not None else workers.usable_cores() >= 2
@@ -1749,7 +1750,7 @@ def _pop_plans(m: Message, lay: _Layout, c_: int, version: int, known: np.ndarra
     if version >= 3:
         for c in range(1, c_):
             mode[c] = int((_MODE3 if version >= 7 else _FLAG).pop(m)) if const[c] is None else 0
-    ahead = _companion_starts(lay)
+    ahead = _companion_starts(lay, ls)
     st = _State(lay, c_, version, ls, shared=ahead)
     for c in range(c_):
         if mode[c] == 2:
