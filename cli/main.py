@@ -416,7 +416,9 @@ JOBS_OPTION = click.option(
     "--jobs", type=click.IntRange(min=1), default=None,
     help="Processes for a seed codec file in parts (a photograph above 1024x1024, or several images above "
          "512x512 in all: each part alone, the same bytes whatever the count); compress also makes the seed "
-         "codec's analysis of an image of 256x256 or more in two processes unless this is 1. With -d (verify: a folder "
+         "codec's analysis of an image of 256x256 or more in two processes, and the seed codec's decoder "
+         "(decompress, and compress's check) makes its least-squares fits in a second process beside it, unless "
+         "this is 1. With -d (verify: a folder "
          "or --each): processes in "
          "all, the files coded at once (each in its own; no more at once than the available memory holds by "
          "each file's estimated peak) and, with fewer files, their parts in the rest. "
