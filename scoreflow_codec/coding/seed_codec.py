@@ -192,7 +192,7 @@ The decoder's companion (0.10.4; no new version, the same pixels from the same f
 decoder needs of a channel in a wavefront that reads earlier wavefronts only (the least-squares fits,
 the blend's weights, the mixed mode's weights: _Ahead) is made a step ahead by a second process, forked
 with the state's tables in shared memory (_Companion), while this one does everything else. On two
-cores kodim01 decodes in about 10 s instead of 16 at effort 3 (RESULTS.md, 0.10.4).
+cores kodim01 decodes in about 11 s instead of 16 at effort 3 (RESULTS.md, 0.10.4).
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
