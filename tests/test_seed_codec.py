@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from scoreflow_codec.coding import workers
 from scoreflow_codec.coding.ans import Message, padding_words
 from scoreflow_codec.coding.seed_codec import (LATEST, VERSIONS, _ls_mode_bits, _plane_mode_bits, seed_bits, seed_codec,
                                               seed_pixel_bits, seed_pop_known, seed_push, seed_push_known)
@@ -1315,8 +1316,7 @@ def _companion_started(monkeypatch) -> list:
     return started
 
 
-_FORKS = pytest.mark.skipif(not __import__("scoreflow_codec.coding.workers").coding.workers.forks(),
-                            reason="the decoder's companion process starts by fork (Linux) only")
+_FORKS = pytest.mark.skipif(not workers.forks(), reason="the decoder's companion process starts by fork (Linux) only")
 
 
 @_FORKS

@@ -1397,13 +1397,23 @@ def _in_parallel(lay: _Layout, version: int, diff: bool = True) -> bool:
     """Whether _analysis gives a second process work: the first least-squares option where the effort
     tries several, else (diff: the analysis makes them) the difference mode's plans."""
     work = len(_ls_candidates(version)) > 1 or diff and version >= 3
-    if not work or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
+
+    def by_default() -> bool:
+        mem = workers.available_memory()
+        return (workers.parallel_by_default() and workers.usable_cores() >= 2
+                and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n))
+
+    return work and _second_process(lay, by_default)
+
+
+def _second_process(lay: _Layout, by_default) -> bool:
+    """Whether the user's process (a worker starts none) takes a second one for an image of
+    PARALLEL_MIN_PIXELS or more: seed_codec.jobs >= 2 where set, else by_default() (the machine's say):
+    the rule of _in_parallel and _companion_starts."""
+    if lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process():
         return False
     n = _JOBS.get()
-    if n is not None:
-        return n >= 2
-    mem = workers.available_memory()
-    return workers.parallel_by_default() and workers.usable_cores() >= 2 and (mem is None or mem >= ANALYSIS_BYTES_PER_PIXEL * lay.n)
+    return n >= 2 if n is not None else by_default()
 
 
 def _companion_starts(lay: _Layout, ls: int) -> bool:
@@ -1411,10 +1421,7 @@ def _companion_starts(lay: _Layout, ls: int) -> bool:
     it would take over is about a tenth of the decode, and on 2 cores it saved nothing measurable:
     RESULTS.md, 0.10.4), on images of PARALLEL_MIN_PIXELS or more, where this is the user's process and
     processes fork (Linux), with seed_codec.jobs >= 2 or by default two usable cores."""
-    if not ls or lay.n < PARALLEL_MIN_PIXELS or not workers.in_main_process() or not workers.forks():
-        return False
-    n = _JOBS.get()
-    return n >= 2 if n is not None else workers.usable_cores() >= 2
+    return bool(ls) and workers.forks() and _second_process(lay, lambda: workers.usable_cores() >= 2)
 
 
 class _Ahead(NamedTuple):

@@ -207,7 +207,11 @@ def _halt(ex: concurrent.futures.ProcessPoolExecutor, grace: float = 5.0) -> Non
     task queue's lock leaves the lock held, and the shutdown that follows waits for every process: one
     left alive would hang it for ever (seen once in CI, 2026-12-02: a decode of a corrupt file in
     parts, test_fuzz.test_random_parts, waited 19 minutes on a worker blocked on that lock)."""
-    procs = list((getattr(ex, "_processes", None) or {}).values())
+    _end(list((getattr(ex, "_processes", None) or {}).values()), grace)
+
+
+def _end(procs: list, grace: float) -> None:
+    """SIGTERM to each process, then SIGKILL to any still there after `grace` seconds (_halt, stop)."""
     for proc in procs:
         with contextlib.suppress(OSError, ValueError):
             proc.terminate()
@@ -329,13 +333,9 @@ def acquire_in_companion(sem, poll: float = 1.0) -> bool:
 
 def stop(proc: multiprocessing.Process, wait: float = 0.0, grace: float = 5.0) -> None:
     """End a companion: where it still runs after `wait` seconds (a companion whose work is done, ending
-    on its own), SIGTERM, then SIGKILL after `grace` seconds more."""
-    with contextlib.suppress(OSError, ValueError):
-        if wait > 0:
+    on its own), SIGTERM, then SIGKILL after `grace` seconds more (_end)."""
+    if wait > 0:
+        with contextlib.suppress(OSError, ValueError):
             proc.join(wait)
-        if proc.is_alive():
-            proc.terminate()
-        proc.join(grace)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(1.0)
+    if proc.is_alive():
+        _end([proc], grace)
