@@ -1216,13 +1216,30 @@ def test_difference_rows_are_made_on_first_use():
 
 
 def _same_tree(a, b) -> bool:
-    """Equal nested tuples / lists of arrays, numbers and None (an analysis's options)."""
+    """Equal nested tuples / lists / dicts of arrays, numbers, None and objects whose attributes are such
+    (an analysis's options, their plans' counts)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
             and np.array_equal(a, b)
     if isinstance(a, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    if hasattr(a, "__dict__") and not callable(a):
+        return type(a) is type(b) and _same_tree(vars(a), vars(b))
     return a == b
+
+
+def _record_helpers(monkeypatch) -> list:
+    """Record the functions each of the analysis's second processes runs (workers.background_calls):
+    [[names in order], ...]."""
+    from scoreflow_codec.coding import workers
+
+    started = []
+    real = workers.background_calls
+    monkeypatch.setattr(workers, "background_calls",
+                        lambda calls: started.append([c[0].__name__ for c in calls]) or real(calls))
+    return started
 
 
 @pytest.mark.parametrize("version", [2, 5, LATEST])
@@ -1235,19 +1252,80 @@ def test_the_analysis_in_two_processes_is_the_same(version, monkeypatch):
     planes = _photo_synthetic(40, 48)[:3].copy()
     lay = sc._layout(40, 48)
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
-    started = []
-    real = workers.background
-    monkeypatch.setattr(workers, "background", lambda fn, *a: started.append(fn.__name__) or real(fn, *a))
+    started = _record_helpers(monkeypatch)
     out = {}
     for n in (1, 2):
         with sc.jobs(n):
             m = Message()
             bits = seed_push(m, planes, version)
             out[n] = (m.words(), bits, seed_pixel_bits(planes, version), sc._analysis(planes, lay, version))
-    assert started == ["_first_option"] * 3  # the push, the pixel bits and the analysis, with jobs 2 only
+    # the push, the pixel bits and the analysis, with jobs 2 only: first the last plane's least squares
+    assert started == [["_ls_own", "_first_option"]] * 3
     assert _same_tree(out[1], out[2])
     assert len(out[2][3]) == len(sc._ls_modes(version)) and [o.ls for o in out[2][3]] == list(sc._ls_modes(version))
     assert all(o.flat is out[2][3][0].flat for o in out[2][3])  # one copy of the planes
+
+
+def test_the_last_planes_least_squares_made_apart_are_the_analysis_own(monkeypatch):
+    """_ls_own (0.10.5: the analysis's second process makes the last plane's least-squares sub-predictions
+    first) gives each plane's as an analysis with least squares makes them, and an analysis handed some
+    of them (a function that returns them, called as that plane's turn comes) gives the same options. A
+    grey image keeps its one plane's least squares in this process."""
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(24, 30)[:3].copy()
+    lay = sc._layout(24, 30)
+    st = sc._analyse(planes, lay, LATEST, 1)[-1]
+    for c in range(3):
+        mine = sc._ls_own(planes, LATEST, c)
+        assert mine.dtype == np.int16 and np.array_equal(mine, st.own[c][:, 7])
+    asked = []
+    given = [None, None, lambda: asked.append(2) or sc._ls_own(planes, LATEST, 2)]
+    whole, part = sc._option(planes, lay, LATEST, 1, None), sc._option(planes, lay, LATEST, 1, given)
+    assert asked == [2] and _same_tree(whole[:2], part[:2])
+    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
+    started = _record_helpers(monkeypatch)
+    with sc.jobs(2):
+        grey = planes[:1].copy()
+        m = Message()
+        seed_push(m, grey)
+    assert started == [["_first_option"]]
+    with sc.jobs(1):
+        m1 = Message()
+        seed_push(m1, grey)
+    assert np.array_equal(m.words(), m1.words())
+
+
+@pytest.mark.parametrize("version", [5, 6, LATEST])
+def test_the_push_rewinds_the_counts_the_analysis_ran(version):
+    """From 0.10.5 the pusher starts from the counts after the last wavefront as the analysis left them
+    (_Plan.run: with version 6's halvings, which it undoes), not from a run of its own: the same words
+    either way, on an image whose rows halve; a copy, so a second push is the same too. _Rows pickle
+    without their windows (a view of the counts, 256 times their size)."""
+    import pickle
+
+    from scoreflow_codec.coding import seed_codec as sc
+
+    planes = _photo_synthetic(96, 128)[:3].copy()
+    planes[:, :64] = 100 + np.arange(128) // 32  # a flat top: its rows fill past HIST_HALVE
+    lay = sc._layout(96, 128)
+    ls, flat, plans, _, _ = sc._choose(planes, lay, version)
+    runs = [p for pl in plans if pl is not None for p in ((pl.blend, pl.other) if isinstance(pl, sc._Mix) else (pl,))]
+    assert all(p.run is not None for p in runs)
+    if version >= 6:
+        assert any(p.run.halved for p in runs)  # the rows halve, and the pusher undoes it
+    fresh = [None if pl is None else pl._replace(blend=pl.blend._replace(run=None), other=pl.other._replace(run=None))
+             if isinstance(pl, sc._Mix) else pl._replace(run=None) for pl in plans]
+    words = []
+    for ps in (plans, fresh, plans):
+        m = Message()
+        sc._push_plans(m, lay, flat, ps, ls, version)
+        words.append(m.words())
+    assert all(np.array_equal(words[0], w) for w in words[1:])
+    counts = runs[0].run.counts
+    again = pickle.loads(pickle.dumps(counts))
+    assert len(pickle.dumps(counts)) < 2 * counts.hist.nbytes + (1 << 16)
+    assert np.array_equal(again.fine.windows[0, 3], counts.fine.windows[0, 3])
 
 
 def test_when_the_analysis_takes_a_second_process(monkeypatch):
@@ -1289,13 +1367,12 @@ def test_compress_with_one_job_keeps_the_analysis_in_one_process(monkeypatch):
     from scoreflow_codec.coding import seed_codec as sc, workers
 
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
-    started = []
-    real = workers.background
-    monkeypatch.setattr(workers, "background", lambda fn, *a: started.append(fn.__name__) or real(fn, *a))
+    started = _record_helpers(monkeypatch)
     src = images.from_array(np.ascontiguousarray(_photo_synthetic(40, 48)[:3].transpose(1, 2, 0)))
     one = api.compress([src], None, fallback="seed", jobs=1)[0]
     assert started == []
-    assert api.compress([src], None, fallback="seed", jobs=2)[0] == one and started == ["_first_option"]
+    assert api.compress([src], None, fallback="seed", jobs=2)[0] == one
+    assert started == [["_ls_own", "_first_option"]]
 
 
 def _companion_started(monkeypatch) -> list:
@@ -1542,11 +1619,9 @@ def test_lower_efforts_make_the_difference_plans_alone_in_the_second_process(mon
             assert np.array_equal(bits_a, bits_b) and _same_tree(plan_a, plan_b)
 
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
-    started = []
-    real = workers.background
-    monkeypatch.setattr(workers, "background", lambda fn, *a: started.append(fn.__name__) or real(fn, *a))
+    started = _record_helpers(monkeypatch)
     src = images.from_array(np.ascontiguousarray(planes.transpose(1, 2, 0)))
-    for level, helper in ((1, "_diff_only"), (2, "_diff_only"), (3, "_first_option")):
+    for level, helper in ((1, ["_diff_only"]), (2, ["_diff_only"]), (3, ["_ls_own", "_first_option"])):
         started.clear()
         one = api.compress([src], None, fallback="seed", jobs=1, effort=level)[0]
         assert started == []

@@ -129,6 +129,18 @@ def test_background_runs_in_another_process_while_this_one_works():
     assert workers.run(_in_main, [(0,), (1,)], 2) == [False, False]
 
 
+def test_background_calls_run_in_turn_in_one_process_and_each_result_comes_when_made():
+    """workers.background_calls (0.10.5: the seed codec's analysis takes the last plane's least squares
+    first, then the first option): the calls in the order given, all in one other process, and the first
+    one's result while the second still runs."""
+    with workers.background_calls([(_sleep_then, 1, 0.0), (_sleep_then, 2, 3.0)]) as (first, second):
+        pid, x = first.result()
+        assert x == 1 and pid != os.getpid() and not second.done()
+        assert second.result() == (pid, 2)
+    with workers.background_calls([]) as none:
+        assert none == []
+
+
 def _in_main(x):
     return workers.in_main_process()
 

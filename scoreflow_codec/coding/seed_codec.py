@@ -205,6 +205,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import hashlib
 import lzma
@@ -542,7 +543,8 @@ class _State:
                  shared: bool = False):
         """ls: the least-squares mode (0 off, 1 on, 2 on and boosted: version 6). ls_known: the
         least-squares sub-predictions of every pixel per channel, made already (an encoder's second
-        option on the same planes: they depend on the pixels only). shared: the least-squares table
+        option on the same planes: they depend on the pixels only); None for a channel whose are made
+        here (and the whole list None: every channel's). shared: the least-squares table
         and the blend's errors in memory that a companion forked after it reads (_Companion)."""
         self.lay, self.version, self.ls, self.ls_known = layout, version, ls, ls_known
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
@@ -556,7 +558,9 @@ class _State:
         self.own = [np.zeros((layout.n + 1, k_), dtype=np.int16) for _ in range(c)]
         # version 2: each pixel's least-squares features (pixel values and 1: uint8) and, last, its
         # value, for the pixels that train on it; row n stays 0 (a window pixel outside the image)
-        self.feat = [self.zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) for k in range(c)] if ls and ls_known is None else None
+        makes = [ls_known is None or ls_known[k] is None for k in range(c)]
+        self.feat = [self.zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) if makes[k] else None
+                     for k in range(c)] if ls and any(makes) else None
         self.companion: _Companion | None = None  # the decoder's companion process, where it has one
         self.pred = [np.zeros(layout.n + 1, dtype=np.int64) for _ in range(c)]
         self.window_rows = None  # (idx, its least-squares window's rows): _ls_window_rows
@@ -572,7 +576,8 @@ class _State:
         least-squares fits where made already (_ls_predict)."""
         own = _subpredictors(self.x[c][self.lay.nbr[:, idx]])
         if self.ls:
-            lsp = _ls_predict(self, c, idx, ls_w) if self.ls_known is None else self.ls_known[c][idx]
+            known = None if self.ls_known is None else self.ls_known[c]
+            lsp = _ls_predict(self, c, idx, ls_w) if known is None else known[idx]
             own = np.concatenate([own, lsp[:, None]], axis=1)
         self.own[c][idx] = own  # channels > c reuse it at this pixel
         if c == 0:
@@ -812,6 +817,23 @@ class _Rows:
         self.hist = hist
         self.windows = sliding_window_view(hist, 256, axis=1)
 
+    def __getstate__(self) -> dict:  # pickled, the windows (a view of hist) would be copied 256 times over
+        return {k: v for k, v in self.__dict__.items() if k != "windows"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._set(self.hist)
+
+    def copy(self) -> "_Rows":
+        """Rows that change apart from these (their arrays copied, the prior shared)."""
+        out = copy.copy(self)
+        out._set(self.hist.copy())
+        if self.prior is not None:
+            out.slot = self.slot.copy()
+        if self.total is not None:
+            out.total = self.total.copy()
+        return out
+
     def map(self, rows: np.ndarray) -> np.ndarray:
         """The slots of `rows` (row numbers), making the rows not used before from the prior."""
         if self.prior is None:
@@ -822,8 +844,8 @@ class _Rows:
         fresh = np.unique(rows[s < 0])
         lo, hi = self.used, self.used + len(fresh)
         if hi > len(self.hist):  # grow by doubling (at most every row)
-            grown = np.empty((min(max(2 * len(self.hist), hi), self.prior.n_rows), self.hist.shape[1]),
-                             self.hist.dtype)
+            grown = np.zeros((min(max(2 * len(self.hist), hi), self.prior.n_rows), self.hist.shape[1]),
+                             self.hist.dtype)  # zeros, not empty: the same state wherever it ran
             grown[:lo] = self.hist[:lo]
             self._set(grown)
             if self.total is not None:
@@ -900,6 +922,20 @@ class _Counts:
         rows = self.fine.map(rows)
         return _halve(self.fine.hist, rows, self.halve_at)
 
+    def copy(self) -> "_Counts":
+        """Counts that change apart from these (their arrays copied, the priors shared)."""
+        out = copy.copy(self)
+        out.fine = self.fine.copy()
+        out.coarse = None if self.coarse is None else self.coarse.copy()
+        return out
+
+
+class _Run(NamedTuple):
+    """A plan's counts after the last wavefront and their halvings, {wavefront: (slots, their counts
+    before)}: what the analysis ran through (_plane_pixel_bits) and the pusher rewinds (_push_plans)."""
+    counts: _Counts
+    halved: dict
+
 
 def _known_state(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_known: list | None = None):
     """Encoder side: (the planes in coding order [C, n] int64, a _State holding them as known pixels)."""
@@ -912,13 +948,16 @@ def _known_state(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0,
 
 def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_known: list | None = None):
     """Encoder side, all pixels at once: the planes in coding order, the blend's predictions (1/8
-    pixel) and the bins, per channel; and the state holding them (ls, ls_known: _State's)."""
+    pixel) and the bins, per channel; and the state holding them (ls, ls_known: _State's, where a
+    plane's may also be a function that returns them, called as that plane's turn comes)."""
     c_, n = planes.shape[0], layout.n
-    flat, st = _known_state(planes, layout, version, ls, ls_known)
+    flat, st = _known_state(planes, layout, version, ls, None if ls_known is None else list(ls_known))
     every = np.arange(n)
     preds, bins = [], []
     chunks = np.array_split(every, max(1, n // _CHUNK))  # bounded temporaries, cache-friendly
     for c in range(c_):
+        if st.ls_known is not None and callable(st.ls_known[c]):  # made in another process (_analysis)
+            st.ls_known[c] = st.ls_known[c]()
         pred = np.empty(n, dtype=np.int64)
         subs = []
         for idx in chunks:
@@ -972,6 +1011,7 @@ class _Plan(NamedTuple):
     cprior: np.ndarray | None = None
     halve: int | None = None
     cost: np.ndarray | None = None
+    run: _Run | None = None
 
     @property
     def mode(self) -> int:
@@ -990,39 +1030,40 @@ class _Plan(NamedTuple):
                    None if coarse is None else coarse.astype(np.int16), cprior, halve)
 
 
-def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = False):
+def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = False, run: bool = False):
     """[n] bits of each pixel of one histogram-coded plane (float64 model of what the coder pushes).
     The counts learn from every pixel, so a pixel's bits do not depend on which others are coded.
-    cost: also [n] int32 the same codelengths in 1/64 bit from the integer counts (_cost64)."""
+    cost: also [n] int32 the same codelengths in 1/64 bit from the integer counts (_cost64); run: also
+    the counts after the last wavefront and their halvings (_Run), which the pusher rewinds from."""
     out = np.empty(lay.n)
     c64 = np.empty(lay.n, dtype=np.int32) if cost else None
-    if plan.coarse is not None:  # version 4's difference mode: the coder's tables themselves
-        counts = plan.counts()
-        for idx in lay.steps:
-            b, cb, p, sg, xi = plan.rows[idx], plan.coarse[idx], plan.centres[idx], plan.signs[idx], x[idx]
+    counts, halved = plan.counts(), {}
+    few = counts.coarse is None and counts.fine.prior is None and len(counts.hist) <= N_BINS
+    for k, idx in enumerate(lay.steps):
+        p, sg, xi = plan.centres[idx], plan.signs[idx], x[idx]
+        slot = _slot(xi, p, sg)
+        if counts.coarse is not None:  # version 4's difference mode: the coder's tables themselves
+            b, cb = plan.rows[idx], plan.coarse[idx]
             t = counts.tables(b, cb, p, sg)
             tx, total = t[np.arange(len(idx)), xi], t.sum(axis=1)
-            out[idx] = -np.log2(tx / total)
-            if cost:
-                c64[idx] = _cost64(tx, total)
-            counts.add(b, cb, _slot(xi, p, sg), INC)
-            counts.settle(b)
-        return (out, c64) if cost else out
-    counts = plan.counts()
-    few = counts.fine.prior is None and len(counts.hist) <= N_BINS  # few rows: cumulate them all
-    for idx in lay.steps:
-        b, p, sg = counts.fine_slots(plan.rows[idx]), plan.centres[idx], plan.signs[idx]
-        hist = counts.hist  # after the slots: it may have grown
-        lo, slot = _start(p, sg), _slot(x[idx], p, sg)
-        h, r = (hist, b) if few else (hist[b], np.arange(len(idx)))
-        cum = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
-        tx, total = h[r, slot], cum[r, lo + 256] - cum[r, lo]
+            counts.add(b, cb, slot, INC)
+            event = counts.settle(b)
+        else:
+            b = counts.fine_slots(plan.rows[idx])
+            hist = counts.hist  # after the slots: it may have grown
+            lo = _start(p, sg)
+            h, r = (hist, b) if few else (hist[b], np.arange(len(idx)))  # few rows: cumulate them all
+            cum = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
+            tx, total = h[r, slot], cum[r, lo + 256] - cum[r, lo]
+            np.add.at(hist, (b, slot), INC)
+            event = _halve(hist, b, plan.halve)
         out[idx] = -np.log2(tx / total)
         if cost:
             c64[idx] = _cost64(tx, total)
-        np.add.at(hist, (b, slot), INC)
-        _halve(hist, b, plan.halve)
-    return (out, c64) if cost else out
+        if event is not None:
+            halved[k] = event
+    extra = ([c64] if cost else []) + ([_Run(counts, halved)] if run else [])
+    return (out, *extra) if extra else out
 
 
 def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
@@ -1045,11 +1086,13 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
 
 
 def _with_costs(lay: _Layout, x: np.ndarray, plan: _Plan, costs: bool) -> tuple[np.ndarray, _Plan]:
-    """(pixel bits, the plan), with costs: the plan holds them (_Plan.cost, for the mixed mode)."""
+    """(pixel bits, the plan), holding the counts' run (_Plan.run, for the pusher) and, with costs, the
+    pixels' codelengths (_Plan.cost, for the mixed mode)."""
     if not costs:
-        return _plane_pixel_bits(lay, x, plan), plan
-    bits, cost = _plane_pixel_bits(lay, x, plan, cost=True)
-    return bits, plan._replace(cost=cost)
+        bits, run = _plane_pixel_bits(lay, x, plan, run=True)
+        return bits, plan._replace(run=run)
+    bits, cost, run = _plane_pixel_bits(lay, x, plan, cost=True, run=True)
+    return bits, plan._replace(cost=cost, run=run)
 
 
 def _diff_halve(version: int) -> int | None:
@@ -1242,9 +1285,11 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     part of every push (on a 768x512 image about 8 s for version 5's two options, 11 - 14 s for
     version 6's three, one thread). Taken from the scope's
     store where shared_analyses() is active and these planes were analysed already. Where
-    _in_parallel says so, the first option (no least squares) and the difference mode's plans are
-    made in another process while this one makes the others; where the effort tries one option only,
-    the difference mode's plans alone (0.10.3): the same options either way."""
+    _in_parallel says so, a second process makes the first option (no least squares) and the difference
+    mode's plans while this one makes the others; where the effort tries one option only, the
+    difference mode's plans alone (0.10.3); and where it tries options with least squares, first the last
+    plane's least-squares sub-predictions (_ls_own; 0.10.5: the second process had the less to do). The
+    same options either way."""
     store = _SHARED.get()
     key = None
     if store is not None:
@@ -1253,31 +1298,38 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
             return store.items[key][0]
     modes = _ls_candidates(version)
     whole = len(modes) > 1  # the other process makes the first option, not only the difference mode's plans
-    helper = None
+    calls = []
     if _in_parallel(lay, version, _needs_diff(planes, version)):
-        helper = workers.background(_first_option if whole else _diff_only, planes, version, _EFFORT.get())
-    with helper or contextlib.nullcontext() as pending:
-        get_diff = _Once((lambda st, flat: pending.result()[1]) if pending is not None
-                         else (lambda st, flat: _diff_plans(st, lay, flat)))
-        out, known = [], None
-        for ls in modes[1:] if pending is not None and whole else modes:
-            option, known = _option(planes, lay, version, ls, known, get_diff)
+        if whole and planes.shape[0] > 1:
+            calls.append((_ls_own, planes, version, planes.shape[0] - 1))
+        calls.append((_first_option if whole else _diff_only, planes, version, _EFFORT.get()))
+    with workers.background_calls(calls) if calls else contextlib.nullcontext() as pending:
+        known = None
+        if pending and len(pending) > 1:  # the last plane's sub-predictions, as this process reaches them
+            known = [None] * (planes.shape[0] - 1) + [pending[0].result]
+        out = []
+        for ls in modes[1:] if pending and whole else modes:
+            option, known, st = _option(planes, lay, version, ls, known)
             out.append(option)
-        if pending is not None and whole:
-            out.insert(0, pending.result()[0])
+        if pending:
+            first, diff = pending[-1].result()
+            out = [first] * whole + out
+        else:
+            diff = _diff_plans(st, lay, list(out[0].flat)) if _needs_diff(planes, version) else None
+    out = [_mixed(o, diff, lay, version) for o in out]
     out = [o._replace(flat=out[0].flat) for o in out]  # the same planes: one copy
     if store is not None:
         store.put(key, out)
     return out
 
 
-def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list | None,
-            get_diff) -> tuple[_Option, list | None]:
-    """One least-squares option's analysis, and the boosted option's sub-predictions (`known`: made by
-    the first option with least squares, then passed on). get_diff(state, flat): the difference
-    mode's plans (_Once)."""
+def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list | None
+            ) -> tuple[_Option, list | None, "_State"]:
+    """One least-squares option's analysis with its blend plans alone (the difference and mixed modes:
+    _mixed), the next option's least-squares sub-predictions (every plane's: made here, or passed in
+    `known`, _State's ls_known; None without least squares) and the state."""
     flat, bins, centres, signs, st = _analyse(planes, lay, version, ls, known)
-    if ls and known is None:  # the boosted mode's sub-predictions are these: made once
+    if ls:  # the boosted option's sub-predictions are these (made once: they depend on the pixels only)
         known = [own[:, 7].copy() for own in st.own]
     per = []
     for c in range(len(flat)):
@@ -1285,24 +1337,33 @@ def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list
             per.append(None)
             continue
         plan = _Plan.compact(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
-        other = get_diff(st, flat)[c] if version >= 3 and c > 0 else None
-        blend = _with_costs(lay, flat[c], plan, other is not None and _mixes(lay, version))
-        mix = None
-        if other is not None and _mixes(lay, version):
+        per.append((_with_costs(lay, flat[c], plan, version >= 3 and c > 0 and _mixes(lay, version)), None, None))
+    return _Option(ls, flat, per), known, st
+
+
+def _mixed(option: _Option, diff: list | None, lay: _Layout, version: int) -> _Option:
+    """The option with each plane's difference mode (diff: _diff_plans's, version 3 on) and, where the
+    planes mix (_mixes), the mixed mode beside its blend."""
+    per = []
+    for c, entry in enumerate(option.planes):
+        if entry is None or c == 0 or version < 3:
+            per.append(entry)
+            continue
+        blend, other, mix = entry[0], diff[c], None
+        if _mixes(lay, version):
             w = _mix_weights(lay, blend[1].cost.astype(np.int64) - other[1].cost)
             mix = (_mix_bits(blend[0], other[0], w), _Mix(blend[1], other[1], w))
         per.append((blend, other, mix))
-    return _Option(ls, flat, per), known
+    return option._replace(planes=per)
 
 
 def _first_option(planes: np.ndarray, version: int, level: int) -> tuple[_Option, list | None]:
-    """The first least-squares option's analysis and the difference mode's plans (None where no plane
-    after the first needs them) at effort `level`: _analysis's other process."""
+    """The first least-squares option's analysis (its blend plans: _option) and the difference mode's
+    plans (None where no plane after the first needs them) at effort `level`: _analysis's other process."""
     lay = _layout(*planes.shape[1:])
-    get_diff = _Once(lambda st, flat: _diff_plans(st, lay, flat))
     with effort(level):
-        option, _ = _option(planes, lay, version, _ls_candidates(version)[0], None, get_diff)
-    return option, get_diff.value
+        option, _, st = _option(planes, lay, version, _ls_candidates(version)[0], None)
+        return option, _diff_plans(st, lay, list(option.flat)) if _needs_diff(planes, version) else None
 
 
 def _diff_only(planes: np.ndarray, version: int, level: int) -> tuple[None, list]:
@@ -1314,6 +1375,18 @@ def _diff_only(planes: np.ndarray, version: int, level: int) -> tuple[None, list
         return None, _diff_plans(st, lay, list(flat))
 
 
+def _ls_own(planes: np.ndarray, version: int, c: int) -> np.ndarray:
+    """[n + 1] int16: plane c's (in coding order) least-squares sub-predictions at every pixel, as an
+    analysis with least squares makes them (_State.own's column 7; they read the pixels only):
+    _analysis's other process makes the last plane's first."""
+    lay = _layout(*planes.shape[1:])
+    flat, st = _known_state(planes, lay, version, ls=1)
+    out = np.zeros(lay.n + 1, dtype=np.int16)
+    for idx in np.array_split(np.arange(lay.n), max(1, lay.n // _CHUNK)):
+        out[idx] = _ls_predict(st, c, idx)
+    return out
+
+
 def _needs_diff(planes: np.ndarray, version: int) -> bool:
     """Whether an analysis of these planes makes the difference mode's plans: version 3 on, and a plane
     after the first in coding order that is not constant."""
@@ -1322,19 +1395,6 @@ def _needs_diff(planes: np.ndarray, version: int) -> bool:
         return False
     rest = planes[order[1:]].reshape(len(order) - 1, -1)
     return bool((rest != rest[:, :1]).any())
-
-
-class _Once:
-    """The difference mode's plans for _option: made by make(state, flat) when first asked for (they
-    do not depend on the least-squares option), the same ones after; `value` None until then."""
-
-    def __init__(self, make):
-        self.make, self.value = make, None
-
-    def __call__(self, st: "_State", flat: list[np.ndarray]) -> list:
-        if self.value is None:
-            self.value = self.make(st, flat)
-        return self.value
 
 
 # An encoder's analysis runs its first least-squares option in a second process (0.9.27; below the
@@ -1695,12 +1755,15 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int
     then the plane flags: everything after the LZMA mode's flag, which _pop_plans pops."""
     c_ = len(flat)
     # per plane its plans' counts (two in the mixed mode) at the state after the last wavefront, and
-    # per plan the halvings: wavefront -> (rows, their counts before)
+    # per plan the halvings: wavefront -> (rows, their counts before); from the analysis where it ran
+    # them (_Plan.run: a copy, which the rewinding below changes)
     parts = [[] if pl is None else [pl.blend, pl.other] if isinstance(pl, _Mix) else [pl] for pl in plans]
-    counts = [[pl.counts() for pl in ps] for ps in parts]
-    halved = [[{} for _ in ps] for ps in parts]
+    counts = [[pl.counts() if pl.run is None else pl.run.counts.copy() for pl in ps] for ps in parts]
+    halved = [[{} if pl.run is None else pl.run.halved for pl in ps] for ps in parts]
     for c in range(c_):
         for pl, cc, log in zip(parts[c], counts[c], halved[c]):
+            if pl.run is not None:
+                continue
             if cc.halve_at is None:  # the counts after the last wavefront, at once
                 cc.add(pl.rows, pl.coarse, _slot(flat[c], pl.centres, pl.signs), INC)
             else:  # version 6's rows halve as they fill: wavefront by wavefront, logging each halving

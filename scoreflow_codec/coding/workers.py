@@ -231,8 +231,16 @@ def background(fn: Callable, *args):
     """fn(*args) in one other process while the caller works on (fn at module level); yields its
     future, whose result() waits for it (fn's exception raised as itself; a dead process, leaving the
     scope, as _pool's SfcError). Leaving the scope with an exception stops the process at once."""
+    with background_calls([(fn, *args)]) as (pending,):
+        yield pending
+
+
+@contextlib.contextmanager
+def background_calls(calls: Sequence[tuple]):
+    """Each fn(*args) of calls, (fn, *args) tuples, in turn in one other process (background's): yields
+    their futures in that order, so the caller can take each result as soon as it is made."""
     with _pool(1, "try --jobs 1 (everything in this process)") as ex:
-        yield ex.submit(fn, *args)
+        yield [ex.submit(fn, *args) for fn, *args in calls]
 
 
 def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
