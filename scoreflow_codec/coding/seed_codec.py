@@ -782,18 +782,21 @@ def _tables(windows: np.ndarray, bins: np.ndarray, p: np.ndarray, sign: np.ndarr
     return t.astype(np.float64)
 
 
-def _halve(hist: np.ndarray, rows: np.ndarray, limit: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+def _halve(hist: np.ndarray, total: np.ndarray, rows: np.ndarray, limit: int | None
+           ) -> tuple[np.ndarray, np.ndarray] | None:
     """Version 6: halve (rounding up: every count stays >= 1) the rows among `rows` whose total
     exceeds `limit`, so the histograms follow the image; None where none does (or no limit), else
-    (those rows, their counts before) for a pusher that rewinds."""
+    (those rows, their counts before) for a pusher that rewinds. total: each row's sum, kept with the
+    counts (_Rows.total; 0.10.5: before, each wavefront summed its rows' 511 counts)."""
     if limit is None:
         return None
-    used = np.unique(rows)
-    big = used[hist[used].sum(axis=1) > limit]
-    if not len(big):
+    over = rows[total[rows] > limit]
+    if not len(over):
         return None
+    big = np.unique(over)
     saved = hist[big].copy()
     hist[big] = (saved + 1) >> 1
+    total[big] = hist[big].sum(axis=1)
     return big, saved
 
 
@@ -877,7 +880,7 @@ class _Counts:
     hist and settle()'s rows are in slots (fine_slots)."""
 
     def __init__(self, prior, cprior=None, halve_at: int | None = None):
-        self.fine = _Rows(prior, np.int32 if halve_at is not None else np.int64)
+        self.fine = _Rows(prior, np.int32 if halve_at is not None else np.int64, totals=halve_at is not None)
         self.halve_at = halve_at
         self.coarse = None if cprior is None else _Rows(cprior, np.int64, totals=True)  # x DIFF_MIX: 64 bits
 
@@ -910,17 +913,30 @@ class _Counts:
         return t
 
     def add(self, rows: np.ndarray, crows: np.ndarray | None, slot: np.ndarray, inc: int) -> None:
-        rows = self.fine.map(rows)  # first: a new row may grow hist
-        np.add.at(self.fine.hist, (rows, slot), inc)
+        self.add_slots(self.fine.map(rows), slot, inc)  # first: a new row may grow hist
         if self.coarse is not None:
             crows = self.coarse.map(crows)
             np.add.at(self.coarse.hist, (crows, slot), inc)
             np.add.at(self.coarse.total, crows, inc)
 
+    def add_slots(self, slots: np.ndarray, slot: np.ndarray, inc: int) -> None:
+        """add() to the fine rows, given as slots (fine_slots)."""
+        np.add.at(self.fine.hist, (slots, slot), inc)
+        if self.fine.total is not None:
+            np.add.at(self.fine.total, slots, inc)
+
     def settle(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """After a wavefront's add: halve its rows past halve_at (_halve); the halved rows as slots."""
-        rows = self.fine.map(rows)
-        return _halve(self.fine.hist, rows, self.halve_at)
+        return self.settle_slots(self.fine.map(rows))
+
+    def settle_slots(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """settle(), the rows given as slots."""
+        return _halve(self.fine.hist, self.fine.total, slots, self.halve_at)
+
+    def restore(self, slots: np.ndarray, before: np.ndarray) -> None:
+        """Undo settle()'s halving of these slots (a pusher rewinding): their counts before it."""
+        self.fine.hist[slots] = before
+        self.fine.total[slots] = before.sum(axis=1)
 
     def copy(self) -> "_Counts":
         """Counts that change apart from these (their arrays copied, the priors shared)."""
@@ -1055,8 +1071,8 @@ def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = Fal
             h, r = (hist, b) if few else (hist[b], np.arange(len(idx)))  # few rows: cumulate them all
             cum = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
             tx, total = h[r, slot], cum[r, lo + 256] - cum[r, lo]
-            np.add.at(hist, (b, slot), INC)
-            event = _halve(hist, b, plan.halve)
+            counts.add_slots(b, slot, INC)
+            event = counts.settle_slots(b)
         out[idx] = -np.log2(tx / total)
         if cost:
             c64[idx] = _cost64(tx, total)
@@ -1787,8 +1803,7 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int
                 b, p, sg = pl.rows[idx], pl.centres[idx], pl.signs[idx]
                 cb = None if pl.coarse is None else pl.coarse[idx]
                 if k in log:  # undo the halving after this wavefront's add
-                    rows, before = log[k]
-                    cc.hist[rows] = before
+                    cc.restore(*log[k])
                 cc.add(b, cb, _slot(x, p, sg), -INC)
                 if sel is None or sel.any():
                     tables.append(cc.tables(b[keep], None if cb is None else cb[keep], p[keep], sg[keep]))
