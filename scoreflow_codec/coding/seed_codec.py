@@ -193,6 +193,10 @@ decoder needs of a channel in a wavefront that reads earlier wavefronts only (th
 the blend's weights, the mixed mode's weights: _Ahead) is made a step ahead by a second process, forked
 with the state's tables in shared memory (_Companion), while this one does everything else. On two
 cores kodim01 decodes in about 11 s instead of 16 at effort 3 (RESULTS.md, 0.10.4).
+The encoder's two processes (0.10.5; the same files): the analysis's second process (0.9.27) first makes
+the last plane's least-squares sub-predictions (_ls_own), then the option without least squares and the
+difference mode's plans, while this one makes the options with least squares; and the pusher rewinds
+the counts the analysis ran (_Plan.run) instead of running them again (RESULTS.md, 0.10.5).
 Everything that parametrizes the coder is integer arithmetic, and the categorical tables hold
 integer counts (sums stay exact in float64), so encoder and decoder agree on any platform.
 Decoding garbage never raises (every pop yields a valid byte); the caller's pixel CRC catches it.
