@@ -854,8 +854,16 @@ def test_an_analysis_keeps_small_types_and_one_copy_of_the_planes():
     three least-squares options and three planes the bits (float64) and a plan of int16 rows and
     centres and int8 signs, the difference mode's two plans once with their int16 coarse rows, and one
     int64 copy of the planes for every option: 3 x 3 x 13 + 2 x 15 + 24 = 171 bytes (0.9.17: 440,
-    int64 plans and a copy per option). _nbytes counts each array once; int64 plans would be 392."""
+    int64 plans and a copy per option). _nbytes counts each array once; int64 plans would be 392. Since
+    0.10.5 each plan also keeps its counts after the last wavefront for the pusher (_Plan.run: rows of 511
+    counts, as many as the plane used, whatever its size), counted besides."""
     from scoreflow_codec.coding import seed_codec as sc
+
+    def runs(options) -> int:
+        arrays = {id(a): a for o in options for e in o.planes for pv in (e or ()) if pv is not None
+                  for pl in ((pv[1].blend, pv[1].other) if isinstance(pv[1], sc._Mix) else (pv[1],))
+                  for a in pl.run.arrays()}
+        return sum(a.nbytes for a in arrays.values())
 
     planes = np.ascontiguousarray(_photo_synthetic(40, 48)[:3])  # RGB
     lay = sc._layout(40, 48)
@@ -868,13 +876,13 @@ def test_an_analysis_keeps_small_types_and_one_copy_of_the_planes():
                 assert bits.dtype == np.float64 and len(bits) == lay.n
                 assert (plan.rows.dtype, plan.centres.dtype, plan.signs.dtype) == (np.int16, np.int16, np.int8)
                 assert plan.coarse is None or plan.coarse.dtype == np.int16
-    assert sc._nbytes(options) == 171 * lay.n
+    assert sc._nbytes(options) == 171 * lay.n + runs(options) and runs(options) > 16 * 511 * 4 * 9
     # version 7 adds, for red and blue, int32 costs to the blend's plans (3 options) and the difference
     # mode's, and per option the mixed mode's bits (float64) and weights (uint8): 24 + 8 + 54 bytes
     options = sc._analysis(planes, lay, 7)
     assert [p[2][1].weights.dtype for o in options for p in o.planes[1:]] == [np.uint8] * 6
     assert all(o.planes[0][0][1].cost is None for o in options)  # green never mixes: no costs
-    assert sc._nbytes(options) == (171 + 86) * lay.n
+    assert sc._nbytes(options) == (171 + 86) * lay.n + runs(options)
 
 
 @pytest.mark.parametrize("version,digest,n_bits", [(2, "1cec2cf6e4a4c36e", 46046), (4, "ba2cc2e340e1868b", 30485),
@@ -900,8 +908,10 @@ def _count_halvings(monkeypatch) -> list:
 
     events, real = [], sc._halve
 
-    def spy(hist, rows, limit):
-        out = real(hist, rows, limit)
+    def spy(hist, total, rows, limit):
+        if limit is not None:  # the rows' totals kept beside them (_Rows.total)
+            assert np.array_equal(total[rows], hist[rows].sum(axis=1))
+        out = real(hist, total, rows, limit)
         if out is not None:
             events.append(len(out[0]))
         return out
@@ -1282,7 +1292,7 @@ def test_the_last_planes_least_squares_made_apart_are_the_analysis_own(monkeypat
     asked = []
     given = [None, None, lambda: asked.append(2) or sc._ls_own(planes, LATEST, 2)]
     whole, part = sc._option(planes, lay, LATEST, 1, None), sc._option(planes, lay, LATEST, 1, given)
-    assert asked == [2] and _same_tree(whole[:2], part[:2])
+    assert asked == [2] and _same_tree(whole, part)
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
     started = _record_helpers(monkeypatch)
     with sc.jobs(2):
@@ -1300,8 +1310,9 @@ def test_the_last_planes_least_squares_made_apart_are_the_analysis_own(monkeypat
 def test_the_push_rewinds_the_counts_the_analysis_ran(version):
     """From 0.10.5 the pusher starts from the counts after the last wavefront as the analysis left them
     (_Plan.run: with version 6's halvings, which it undoes), not from a run of its own: the same words
-    either way, on an image whose rows halve; a copy, so a second push is the same too. _Rows pickle
-    without their windows (a view of the counts, 256 times their size)."""
+    either way, on an image whose rows halve. It takes them: a second push of the same plans (one of
+    shared_analyses()'s, say) runs its own. _Rows pickle without their windows (a view of the counts,
+    256 times their size)."""
     import pickle
 
     from scoreflow_codec.coding import seed_codec as sc
@@ -1309,23 +1320,28 @@ def test_the_push_rewinds_the_counts_the_analysis_ran(version):
     planes = _photo_synthetic(96, 128)[:3].copy()
     planes[:, :64] = 100 + np.arange(128) // 32  # a flat top: its rows fill past HIST_HALVE
     lay = sc._layout(96, 128)
-    ls, flat, plans, _, _ = sc._choose(planes, lay, version)
-    runs = [p for pl in plans if pl is not None for p in ((pl.blend, pl.other) if isinstance(pl, sc._Mix) else (pl,))]
-    assert all(p.run is not None for p in runs)
-    if version >= 6:
-        assert any(p.run.halved for p in runs)  # the rows halve, and the pusher undoes it
-    fresh = [None if pl is None else pl._replace(blend=pl.blend._replace(run=None), other=pl.other._replace(run=None))
-             if isinstance(pl, sc._Mix) else pl._replace(run=None) for pl in plans]
-    words = []
-    for ps in (plans, fresh, plans):
+
+    def pushed(ps) -> np.ndarray:
         m = Message()
         sc._push_plans(m, lay, flat, ps, ls, version)
-        words.append(m.words())
-    assert all(np.array_equal(words[0], w) for w in words[1:])
-    counts = runs[0].run.counts
-    again = pickle.loads(pickle.dumps(counts))
+        return m.words()
+
+    def runs(ps) -> list:
+        return [p for pl in ps if pl is not None for p in ((pl.blend, pl.other) if isinstance(pl, sc._Mix) else (pl,))]
+
+    ls, flat, plans, _, _ = sc._choose(planes, lay, version)
+    assert all(p.run is not None and len(p.run.kept) == 1 for p in runs(plans))
+    if version >= 6:
+        assert any(p.run.halved for p in runs(plans))  # the rows halve, and the pusher undoes it
+    counts = runs(plans)[0].run.kept[0]
     assert len(pickle.dumps(counts)) < 2 * counts.hist.nbytes + (1 << 16)
-    assert np.array_equal(again.fine.windows[0, 3], counts.fine.windows[0, 3])
+    assert np.array_equal(pickle.loads(pickle.dumps(counts)).fine.windows[0, 3], counts.fine.windows[0, 3])
+    fresh = [None if pl is None else pl._replace(blend=pl.blend._replace(run=None), other=pl.other._replace(run=None))
+             if isinstance(pl, sc._Mix) else pl._replace(run=None) for pl in plans]
+    words = pushed(fresh)
+    assert np.array_equal(pushed(plans), words)
+    assert all(not p.run.kept for p in runs(plans))  # taken
+    assert np.array_equal(pushed(plans), words)  # so this push ran its own
 
 
 def test_when_the_analysis_takes_a_second_process(monkeypatch):

@@ -831,6 +831,17 @@ class _Rows:
         self.__dict__.update(state)
         self._set(self.hist)
 
+    def trim(self) -> None:
+        """Drop the slots made for rows not yet used (growing doubles them): for counts kept (_Run)."""
+        if self.prior is not None and self.used < len(self.hist):
+            self._set(self.hist[:self.used].copy())
+            if self.total is not None:
+                self.total = self.total[:self.used].copy()
+
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays these rows hold (their memory)."""
+        return [a for a in (self.hist, self.total, getattr(self, "slot", None)) if a is not None]
+
     def copy(self) -> "_Rows":
         """Rows that change apart from these (their arrays copied, the prior shared)."""
         out = copy.copy(self)
@@ -951,10 +962,22 @@ class _Counts:
 
 
 class _Run(NamedTuple):
-    """A plan's counts after the last wavefront and their halvings, {wavefront: (slots, their counts
-    before)}: what the analysis ran through (_plane_pixel_bits) and the pusher rewinds (_push_plans)."""
-    counts: _Counts
+    """A plan's counts after the last wavefront (`kept`: [them], until a pusher takes them) and their
+    halvings, {wavefront: (slots, their counts before)}: what the analysis ran through
+    (_plane_pixel_bits) and the pusher rewinds (_push_plans)."""
+    kept: list
     halved: dict
+
+    def take(self) -> _Counts | None:
+        """The counts for a pusher, which rewinds them: taken, not copied (a copy would be the memory
+        of the difference mode's rows again, tens of MB), so a later push of the same plan (rare: one
+        of shared_analyses()'s) runs its own, the same; None once taken."""
+        return self.kept.pop() if self.kept else None
+
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays it holds (its memory: _nbytes)."""
+        rows = [r for cc in self.kept for r in (cc.fine, cc.coarse) if r is not None]
+        return [a for r in rows for a in r.arrays()] + [a for event in self.halved.values() for a in event]
 
 
 def _known_state(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_known: list | None = None):
@@ -1082,7 +1105,11 @@ def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = Fal
             c64[idx] = _cost64(tx, total)
         if event is not None:
             halved[k] = event
-    extra = ([c64] if cost else []) + ([_Run(counts, halved)] if run else [])
+    if run:  # kept: without the slots made for rows never used
+        counts.fine.trim()
+        if counts.coarse is not None:
+            counts.coarse.trim()
+    extra = ([c64] if cost else []) + ([_Run([counts], halved)] if run else [])
     return (out, *extra) if extra else out
 
 
@@ -1329,13 +1356,13 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
             known = [None] * (planes.shape[0] - 1) + [pending[0].result]
         out = []
         for ls in modes[1:] if pending and whole else modes:
-            option, known, st = _option(planes, lay, version, ls, known)
+            option, known = _option(planes, lay, version, ls, known)
             out.append(option)
         if pending:
             first, diff = pending[-1].result()
             out = [first] * whole + out
         else:
-            diff = _diff_plans(st, lay, list(out[0].flat)) if _needs_diff(planes, version) else None
+            diff = _diff_only(planes, version, _EFFORT.get())[1] if _needs_diff(planes, version) else None
     out = [_mixed(o, diff, lay, version) for o in out]
     out = [o._replace(flat=out[0].flat) for o in out]  # the same planes: one copy
     if store is not None:
@@ -1344,10 +1371,11 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
 
 
 def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list | None
-            ) -> tuple[_Option, list | None, "_State"]:
+            ) -> tuple[_Option, list | None]:
     """One least-squares option's analysis with its blend plans alone (the difference and mixed modes:
-    _mixed), the next option's least-squares sub-predictions (every plane's: made here, or passed in
-    `known`, _State's ls_known; None without least squares) and the state."""
+    _mixed), and the next option's least-squares sub-predictions (every plane's: made here, or passed
+    in `known`, _State's ls_known; None without least squares). Its state is not kept: an option's
+    arrays are several times the planes'."""
     flat, bins, centres, signs, st = _analyse(planes, lay, version, ls, known)
     if ls:  # the boosted option's sub-predictions are these (made once: they depend on the pixels only)
         known = [own[:, 7].copy() for own in st.own]
@@ -1358,7 +1386,7 @@ def _option(planes: np.ndarray, lay: _Layout, version: int, ls: int, known: list
             continue
         plan = _Plan.compact(bins[c], centres[c], signs[c], _prior()[min(c, 1)], halve=_blend_halve(version))
         per.append((_with_costs(lay, flat[c], plan, version >= 3 and c > 0 and _mixes(lay, version)), None, None))
-    return _Option(ls, flat, per), known, st
+    return _Option(ls, flat, per), known
 
 
 def _mixed(option: _Option, diff: list | None, lay: _Layout, version: int) -> _Option:
@@ -1382,8 +1410,8 @@ def _first_option(planes: np.ndarray, version: int, level: int) -> tuple[_Option
     plans (None where no plane after the first needs them) at effort `level`: _analysis's other process."""
     lay = _layout(*planes.shape[1:])
     with effort(level):
-        option, _, st = _option(planes, lay, version, _ls_candidates(version)[0], None)
-        return option, _diff_plans(st, lay, list(option.flat)) if _needs_diff(planes, version) else None
+        option, _ = _option(planes, lay, version, _ls_candidates(version)[0], None)
+    return option, _diff_only(planes, version, level)[1] if _needs_diff(planes, version) else None
 
 
 def _diff_only(planes: np.ndarray, version: int, level: int) -> tuple[None, list]:
@@ -1640,7 +1668,8 @@ def _nbytes(options: list[_Option]) -> int:
                     v, plan = pv
                     plans = (plan.blend, plan.other) if isinstance(plan, _Mix) else (plan,)
                     for a in (v, getattr(plan, "weights", None)) + tuple(
-                            a for pl in plans for a in (pl.rows, pl.centres, pl.signs, pl.coarse, pl.cost)):
+                            a for pl in plans for a in (pl.rows, pl.centres, pl.signs, pl.coarse, pl.cost)
+                            + tuple(pl.run.arrays() if pl.run is not None else ())):
                         if a is not None:
                             arrays[id(a)] = a
     return sum(a.nbytes for a in arrays.values())
@@ -1775,14 +1804,15 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int
     then the plane flags: everything after the LZMA mode's flag, which _pop_plans pops."""
     c_ = len(flat)
     # per plane its plans' counts (two in the mixed mode) at the state after the last wavefront, and
-    # per plan the halvings: wavefront -> (rows, their counts before); from the analysis where it ran
-    # them (_Plan.run: a copy, which the rewinding below changes)
+    # per plan the halvings: wavefront -> (rows, their counts before); those the analysis ran where it
+    # left them (_Run.take), else run here
     parts = [[] if pl is None else [pl.blend, pl.other] if isinstance(pl, _Mix) else [pl] for pl in plans]
-    counts = [[pl.counts() if pl.run is None else pl.run.counts.copy() for pl in ps] for ps in parts]
-    halved = [[{} if pl.run is None else pl.run.halved for pl in ps] for ps in parts]
+    taken = [[None if pl.run is None else pl.run.take() for pl in ps] for ps in parts]
+    counts = [[pl.counts() if got is None else got for pl, got in zip(ps, gs)] for ps, gs in zip(parts, taken)]
+    halved = [[{} if got is None else pl.run.halved for pl, got in zip(ps, gs)] for ps, gs in zip(parts, taken)]
     for c in range(c_):
-        for pl, cc, log in zip(parts[c], counts[c], halved[c]):
-            if pl.run is not None:
+        for pl, cc, log, got in zip(parts[c], counts[c], halved[c], taken[c]):
+            if got is not None:
                 continue
             if cc.halve_at is None:  # the counts after the last wavefront, at once
                 cc.add(pl.rows, pl.coarse, _slot(flat[c], pl.centres, pl.signs), INC)
