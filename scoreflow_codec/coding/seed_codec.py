@@ -209,7 +209,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import functools
 import hashlib
 import lzma
@@ -842,16 +841,6 @@ class _Rows:
         """The arrays these rows hold (their memory)."""
         return [a for a in (self.hist, self.total, getattr(self, "slot", None)) if a is not None]
 
-    def copy(self) -> "_Rows":
-        """Rows that change apart from these (their arrays copied, the prior shared)."""
-        out = copy.copy(self)
-        out._set(self.hist.copy())
-        if self.prior is not None:
-            out.slot = self.slot.copy()
-        if self.total is not None:
-            out.total = self.total.copy()
-        return out
-
     def map(self, rows: np.ndarray) -> np.ndarray:
         """The slots of `rows` (row numbers), making the rows not used before from the prior."""
         if self.prior is None:
@@ -952,13 +941,6 @@ class _Counts:
         """Undo settle()'s halving of these slots (a pusher rewinding): their counts before it."""
         self.fine.hist[slots] = before
         self.fine.total[slots] = before.sum(axis=1)
-
-    def copy(self) -> "_Counts":
-        """Counts that change apart from these (their arrays copied, the priors shared)."""
-        out = copy.copy(self)
-        out.fine = self.fine.copy()
-        out.coarse = None if self.coarse is None else self.coarse.copy()
-        return out
 
 
 class _Run(NamedTuple):
@@ -1073,11 +1055,12 @@ class _Plan(NamedTuple):
                    None if coarse is None else coarse.astype(np.int16), cprior, halve)
 
 
-def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = False, run: bool = False):
-    """[n] bits of each pixel of one histogram-coded plane (float64 model of what the coder pushes).
-    The counts learn from every pixel, so a pixel's bits do not depend on which others are coded.
-    cost: also [n] int32 the same codelengths in 1/64 bit from the integer counts (_cost64); run: also
-    the counts after the last wavefront and their halvings (_Run), which the pusher rewinds from."""
+def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = False
+                      ) -> tuple[np.ndarray, np.ndarray | None, _Run]:
+    """([n] bits of each pixel of one histogram-coded plane (float64 model of what the coder pushes),
+    with cost [n] int32 the same codelengths in 1/64 bit from the integer counts (_cost64), else None,
+    the counts after the last wavefront and their halvings (_Run), which the pusher rewinds from).
+    The counts learn from every pixel, so a pixel's bits do not depend on which others are coded."""
     out = np.empty(lay.n)
     c64 = np.empty(lay.n, dtype=np.int32) if cost else None
     counts, halved = plan.counts(), {}
@@ -1105,12 +1088,10 @@ def _plane_pixel_bits(lay: _Layout, x: np.ndarray, plan: _Plan, cost: bool = Fal
             c64[idx] = _cost64(tx, total)
         if event is not None:
             halved[k] = event
-    if run:  # kept: without the slots made for rows never used
-        counts.fine.trim()
-        if counts.coarse is not None:
-            counts.coarse.trim()
-    extra = ([c64] if cost else []) + ([_Run([counts], halved)] if run else [])
-    return (out, *extra) if extra else out
+    counts.fine.trim()  # kept: without the slots made for rows never used
+    if counts.coarse is not None:
+        counts.coarse.trim()
+    return out, c64, _Run([counts], halved)
 
 
 def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
@@ -1135,10 +1116,7 @@ def _diff_plans(st: _State, lay: _Layout, flat: list[np.ndarray]) -> list:
 def _with_costs(lay: _Layout, x: np.ndarray, plan: _Plan, costs: bool) -> tuple[np.ndarray, _Plan]:
     """(pixel bits, the plan), holding the counts' run (_Plan.run, for the pusher) and, with costs, the
     pixels' codelengths (_Plan.cost, for the mixed mode)."""
-    if not costs:
-        bits, run = _plane_pixel_bits(lay, x, plan, run=True)
-        return bits, plan._replace(run=run)
-    bits, cost, run = _plane_pixel_bits(lay, x, plan, cost=True, run=True)
+    bits, cost, run = _plane_pixel_bits(lay, x, plan, costs)
     return bits, plan._replace(cost=cost, run=run)
 
 
