@@ -1240,19 +1240,6 @@ def _same_tree(a, b) -> bool:
     return a == b
 
 
-def _words_by_jobs(planes: np.ndarray, version: int = LATEST) -> dict:
-    """{jobs: seed_push's words} with the analysis in one process (1) and in two (2)."""
-    from scoreflow_codec.coding import seed_codec as sc
-
-    words = {}
-    for n in (1, 2):
-        with sc.jobs(n):
-            m = Message()
-            seed_push(m, planes, version)
-            words[n] = m.words()
-    return words
-
-
 def _record_helpers(monkeypatch) -> list:
     """Record the functions each of the analysis's second processes runs (workers.background_calls):
     [[names in order], ...]."""
@@ -1347,7 +1334,12 @@ def test_the_plane_before_the_last_made_in_two_parts_is_the_same(version, monkey
         assert asked == [1]
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
     started = _record_helpers(monkeypatch)
-    words = _words_by_jobs(planes, version)
+    words = {}
+    for n in (1, 2):
+        with sc.jobs(n):
+            m = Message()
+            seed_push(m, planes, version)
+            words[n] = m.words()
     assert started == [["_ls_own", "_ls_own", "_first_option", "_lz_compress"]]
     assert np.array_equal(words[1], words[2])
     started.clear()
@@ -1367,7 +1359,12 @@ def test_the_lzma_bytes_made_in_the_other_process(monkeypatch):
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
     monkeypatch.setattr(sc, "_LZ_MADE", [None, None])
     started = _record_helpers(monkeypatch)
-    words = _words_by_jobs(pic)
+    words = {}
+    for n in (1, 2):
+        with sc.jobs(n):
+            m = Message()
+            seed_push(m, pic)
+            words[n] = m.words()
     assert started and started[0][-1] == "_lz_compress"
     assert np.array_equal(words[1], words[2])
     assert sc._LZ_MADE[0] == sc._lz_digest(pic) and sc._LZ_MADE[1] == sc._lz_compress(pic)
