@@ -1270,8 +1270,7 @@ def test_the_analysis_in_two_processes_is_the_same(version, monkeypatch):
             bits = seed_push(m, planes, version)
             out[n] = (m.words(), bits, seed_pixel_bits(planes, version), sc._analysis(planes, lay, version))
     # the push, the pixel bits and the analysis, with jobs 2 only: first the last plane's least squares
-    # (the image has one chunk: no part of the plane before it), last from version 5 the LZMA mode's bytes
-    assert started == [["_ls_own", "_first_option"] + ["_lz_compress"] * (version >= 5)] * 3
+    assert started == [["_ls_own", "_first_option"]] * 3
     assert _same_tree(out[1], out[2])
     assert len(out[2][3]) == len(sc._ls_modes(version)) and [o.ls for o in out[2][3]] == list(sc._ls_modes(version))
     assert all(o.flat is out[2][3][0].flat for o in out[2][3])  # one copy of the planes
@@ -1300,78 +1299,11 @@ def test_the_last_planes_least_squares_made_apart_are_the_analysis_own(monkeypat
         grey = planes[:1].copy()
         m = Message()
         seed_push(m, grey)
-    assert started == [["_first_option", "_lz_compress"]]
+    assert started == [["_first_option"]]
     with sc.jobs(1):
         m1 = Message()
         seed_push(m1, grey)
     assert np.array_equal(m.words(), m1.words())
-
-
-@pytest.mark.parametrize("version", [5, LATEST])
-def test_the_plane_before_the_last_made_in_two_parts_is_the_same(version, monkeypatch):
-    """0.10.6: the analysis's second process also makes the last plane but one's least-squares
-    sub-predictions from _ls_split's pixel on (the start of one of the analysis's chunks, about
-    LS_PART_SHARE of them). _ls_own from a pixel gives the whole plane's from there (the window rows
-    before it written first); an analysis handed them as an _LsPart (a function, called as the plane's
-    turn comes) gives the same options, also where its start lies inside a chunk (that chunk made here);
-    and the push with the second process (three calls there) the same words as in one process. Chunks
-    of 256 pixels, so that a small image has several."""
-    from scoreflow_codec.coding import seed_codec as sc
-
-    monkeypatch.setattr(sc, "_CHUNK", 256)
-    planes = _photo_synthetic(40, 48)[:3].copy()
-    lay = sc._layout(40, 48)
-    split = sc._ls_split(lay.n)
-    starts = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(lay.n), lay.n // 256)])
-    assert split in starts and 0.4 < 1 - split / lay.n < 0.6
-    whole = sc._ls_own(planes, version, 1)
-    for start in (split, split + 5):
-        part = sc._ls_own(planes, version, 1, start)
-        assert np.array_equal(part[start:], whole[start:]) and not part[:start].any()
-        asked = []
-        given = [None, sc._LsPart(start, lambda: asked.append(1) or part), None]
-        assert _same_tree(sc._option(planes, lay, version, 1, None), sc._option(planes, lay, version, 1, given))
-        assert asked == [1]
-    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
-    started = _record_helpers(monkeypatch)
-    words = {}
-    for n in (1, 2):
-        with sc.jobs(n):
-            m = Message()
-            seed_push(m, planes, version)
-            words[n] = m.words()
-    assert started == [["_ls_own", "_ls_own", "_first_option", "_lz_compress"]]
-    assert np.array_equal(words[1], words[2])
-    started.clear()
-    with sc.jobs(2):  # two planes (grey and alpha): the last plane's alone, as before
-        seed_push(Message(), planes[:2].copy(), version)
-    assert started == [["_ls_own", "_first_option", "_lz_compress"]]
-
-
-def test_the_lzma_bytes_made_in_the_other_process(monkeypatch):
-    """0.10.6: the analysis's other process also compresses the planes for the LZMA mode (last), and
-    seed_push takes those bytes (_LZ_MADE, by the planes' digest): on a picture where the LZMA mode wins,
-    the same words as in one process; bytes made for other planes are never taken."""
-    from scoreflow_codec.coding import seed_codec as sc
-
-    y, x = np.mgrid[0:48, 0:64]
-    pic = np.stack([((x // 8 + y // 6) % 3) * 100, (x // 16) * 60, ((y // 12) % 2) * 250]).astype(np.uint8)
-    monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
-    monkeypatch.setattr(sc, "_LZ_MADE", [None, None])
-    started = _record_helpers(monkeypatch)
-    words = {}
-    for n in (1, 2):
-        with sc.jobs(n):
-            m = Message()
-            seed_push(m, pic)
-            words[n] = m.words()
-    assert started and started[0][-1] == "_lz_compress"
-    assert np.array_equal(words[1], words[2])
-    assert sc._LZ_MADE[0] == sc._lz_digest(pic) and sc._LZ_MADE[1] == sc._lz_compress(pic)
-    assert sc._lz_bits(len(sc._LZ_MADE[1]), pic.size) < sc._choose(pic, sc._layout(48, 64), LATEST)[3]  # it won
-    other = pic.copy()
-    other[0, 0, 0] ^= 1
-    assert sc._lz_bytes(other) == sc._lz_compress(other) != sc._LZ_MADE[1]
 
 
 @pytest.mark.parametrize("version", [5, 6, LATEST])
@@ -1456,7 +1388,7 @@ def test_compress_with_one_job_keeps_the_analysis_in_one_process(monkeypatch):
     one = api.compress([src], None, fallback="seed", jobs=1)[0]
     assert started == []
     assert api.compress([src], None, fallback="seed", jobs=2)[0] == one
-    assert started == [["_ls_own", "_first_option", "_lz_compress"]]
+    assert started == [["_ls_own", "_first_option"]]
 
 
 def _companion_started(monkeypatch) -> list:
@@ -1705,8 +1637,7 @@ def test_lower_efforts_make_the_difference_plans_alone_in_the_second_process(mon
     monkeypatch.setattr(sc, "PARALLEL_MIN_PIXELS", 1)
     started = _record_helpers(monkeypatch)
     src = images.from_array(np.ascontiguousarray(planes.transpose(1, 2, 0)))
-    for level, helper in ((1, ["_diff_only", "_lz_compress"]), (2, ["_diff_only", "_lz_compress"]),
-                          (3, ["_ls_own", "_first_option", "_lz_compress"])):
+    for level, helper in ((1, ["_diff_only"]), (2, ["_diff_only"]), (3, ["_ls_own", "_first_option"])):
         started.clear()
         one = api.compress([src], None, fallback="seed", jobs=1, effort=level)[0]
         assert started == []

@@ -461,8 +461,11 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray, w: np.ndarray | None = No
     table's zero row n) and one matmul give both sides of the equations: the same integers as
     0.9.19's masked gathers and two matmuls, in half the time. w: the fits (_ls_fit) where made
     already (the decoder's companion process, _Companion, 0.10.4: the same fits from the same table)."""
-    fi = _ls_record(st, c, idx)
+    fi = _ls_features(st, c, idx)
     d = fi.shape[1]
+    tab = st.feat[c]
+    tab[idx, :d] = fi
+    tab[idx, d] = st.x[c][idx]  # the encoder's values; the decoder's FILL until record() writes them
     if w is None:
         w = _ls_fit(st, c, idx)
     fi = fi.T.astype(np.float64, order="C")
@@ -471,18 +474,6 @@ def _ls_predict(st: "_State", c: int, idx: np.ndarray, w: np.ndarray | None = No
         p = p + fi[k] * w[k]
     p = np.rint(p * FRAC)
     return np.where(np.isfinite(p), np.minimum(np.maximum(p, 0), 255 * FRAC), FILL * FRAC).astype(np.int64)
-
-
-def _ls_record(st: "_State", c: int, idx: np.ndarray) -> np.ndarray:
-    """Writes the least-squares table's rows of pixels idx (their features, then their values as far as
-    known: the encoder's; the decoder's FILL until record() writes them), for the pixels that train on
-    them; returns the features [n, d] (_ls_features)."""
-    fi = _ls_features(st, c, idx)
-    d = fi.shape[1]
-    tab = st.feat[c]
-    tab[idx, :d] = fi
-    tab[idx, d] = st.x[c][idx]
-    return fi
 
 
 def _ls_fit(st, c: int, idx: np.ndarray) -> np.ndarray:
@@ -556,8 +547,7 @@ class _State:
         """ls: the least-squares mode (0 off, 1 on, 2 on and boosted: version 6). ls_known: the
         least-squares sub-predictions of every pixel per channel, made already (an encoder's second
         option on the same planes: they depend on the pixels only); None for a channel whose are made
-        here (and the whole list None: every channel's), an _LsPart for one made here up to a pixel
-        (0.10.6: the others made in another process). shared: the least-squares table
+        here (and the whole list None: every channel's). shared: the least-squares table
         and the blend's errors in memory that a companion forked after it reads (_Companion)."""
         self.lay, self.version, self.ls, self.ls_known = layout, version, ls, ls_known
         self.x = [np.full(layout.n + 1, FILL, dtype=np.int64) for _ in range(c)]
@@ -571,7 +561,7 @@ class _State:
         self.own = [np.zeros((layout.n + 1, k_), dtype=np.int16) for _ in range(c)]
         # version 2: each pixel's least-squares features (pixel values and 1: uint8) and, last, its
         # value, for the pixels that train on it; row n stays 0 (a window pixel outside the image)
-        makes = [ls_known is None or ls_known[k] is None or isinstance(ls_known[k], _LsPart) for k in range(c)]
+        makes = [ls_known is None or ls_known[k] is None for k in range(c)]
         self.feat = [self.zeros((layout.n + 1, _ls_dims(k, version) + 1), dtype=np.uint8) if makes[k] else None
                      for k in range(c)] if ls and any(makes) else None
         self.companion: _Companion | None = None  # the decoder's companion process, where it has one
@@ -590,8 +580,6 @@ class _State:
         own = _subpredictors(self.x[c][self.lay.nbr[:, idx]])
         if self.ls:
             known = None if self.ls_known is None else self.ls_known[c]
-            if isinstance(known, _LsPart):  # made here before its start (a chunk across it: here)
-                known = known.values if idx[0] >= known.start else None
             lsp = _ls_predict(self, c, idx, ls_w) if known is None else known[idx]
             own = np.concatenate([own, lsp[:, None]], axis=1)
         self.own[c][idx] = own  # channels > c reuse it at this pixel
@@ -995,8 +983,6 @@ def _predict(planes: np.ndarray, layout: _Layout, version: int, ls: int = 0, ls_
     for c in range(c_):
         if st.ls_known is not None and callable(st.ls_known[c]):  # made in another process (_analysis)
             st.ls_known[c] = st.ls_known[c]()
-        if st.ls_known is not None and isinstance(st.ls_known[c], _LsPart) and callable(st.ls_known[c].values):
-            st.ls_known[c] = st.ls_known[c]._replace(values=st.ls_known[c].values())
         pred = np.empty(n, dtype=np.int64)
         subs = []
         for idx in chunks:
@@ -1327,9 +1313,8 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     _in_parallel says so, a second process makes the first option (no least squares) and the difference
     mode's plans while this one makes the others; where the effort tries one option only, the
     difference mode's plans alone (0.10.3); and where it tries options with least squares, first the last
-    plane's least-squares sub-predictions (_ls_own; 0.10.5: the second process had the less to do) and,
-    before them, the last LS_PART_SHARE of the plane before it's (0.10.6: it still had); and last, from
-    version 5, the LZMA mode's bytes (_LZ_MADE, 0.10.6). The same options either way."""
+    plane's least-squares sub-predictions (_ls_own; 0.10.5: the second process had the less to do). The
+    same options either way."""
     store = _SHARED.get()
     key = None
     if store is not None:
@@ -1339,26 +1324,14 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
     modes = _ls_candidates(version)
     whole = len(modes) > 1  # the other process makes the first option, not only the difference mode's plans
     calls = []
-    c_ = planes.shape[0]
-    split = _ls_split(lay.n) if c_ > 2 else lay.n  # from it on, the other process makes the plane's part
     if _in_parallel(lay, version, _needs_diff(planes, version)):
-        if whole and split < lay.n:
-            calls.append((_ls_own, planes, version, c_ - 2, split))
-        if whole and c_ > 1:
-            calls.append((_ls_own, planes, version, c_ - 1))
+        if whole and planes.shape[0] > 1:
+            calls.append((_ls_own, planes, version, planes.shape[0] - 1))
         calls.append((_first_option if whole else _diff_only, planes, version, _EFFORT.get()))
-        if version >= 5:  # and the LZMA mode's bytes, which seed_push and seed_bits try after the analysis
-            calls.append((_lz_compress, planes))
-    lz = pending_lz = None
     with workers.background_calls(calls) if calls else contextlib.nullcontext() as pending:
-        if pending and version >= 5:
-            pending, pending_lz = pending[:-1], pending[-1]
         known = None
-        if pending and len(pending) > 1:  # sub-predictions made there, as this process reaches them
-            known = [None] * c_
-            known[-1] = pending[-2].result
-            if len(pending) > 2:
-                known[-2] = _LsPart(split, pending[0].result)
+        if pending and len(pending) > 1:  # the last plane's sub-predictions, as this process reaches them
+            known = [None] * (planes.shape[0] - 1) + [pending[0].result]
         out = []
         for ls in modes[1:] if pending and whole else modes:
             option, known = _option(planes, lay, version, ls, known)
@@ -1368,10 +1341,6 @@ def _analysis(planes: np.ndarray, lay: _Layout, version: int) -> list[_Option]:
             out = [first] * whole + out
         else:
             diff = _diff_only(planes, version, _EFFORT.get())[1] if _needs_diff(planes, version) else None
-        if pending_lz is not None:
-            lz = pending_lz.result()
-    if lz is not None:
-        _LZ_MADE[:] = [_lz_digest(planes), lz]
     out = [_mixed(o, diff, lay, version) for o in out]
     out = [o._replace(flat=out[0].flat) for o in out]  # the same planes: one copy
     if store is not None:
@@ -1432,44 +1401,14 @@ def _diff_only(planes: np.ndarray, version: int, level: int) -> tuple[None, list
         return None, _diff_plans(st, lay, list(flat))
 
 
-class _LsPart(NamedTuple):
-    """A plane's least-squares sub-predictions made in two processes (_State's ls_known, 0.10.6): by the
-    analysis itself before pixel `start`, from it on `values` ([n + 1] int16 from _ls_own(..., start), or
-    a function that returns them, called as the plane's turn comes)."""
-    start: int
-    values: object
-
-
-# 0.10.6: the analysis's other process also makes the least-squares sub-predictions of the last plane
-# but one from this share of its pixels on (the last ones: the analysis reaches them last). kodim01 on
-# the 2-core Intel Xeon, 0.10.5 (one run, timed at the functions): this process's options ended at 11.2
-# s, the other's work at 8.8 s, and a plane's sub-predictions took about 3.0 s
-LS_PART_SHARE = 0.5
-
-
-def _ls_split(n: int) -> int:
-    """The pixel from which the other process makes the last plane but one's sub-predictions
-    (LS_PART_SHARE of them): the start of one of the analysis's chunks (_predict's), so that none
-    straddles it."""
-    bounds = np.cumsum([len(a) for a in np.array_split(np.arange(n), max(1, n // _CHUNK))])
-    return int(bounds[min(len(bounds) - 1, max(0, int(round(len(bounds) * (1 - LS_PART_SHARE))) - 1))]) \
-        if len(bounds) > 1 else n
-
-
-def _ls_own(planes: np.ndarray, version: int, c: int, start: int = 0) -> np.ndarray:
-    """[n + 1] int16: plane c's (in coding order) least-squares sub-predictions at every pixel from
-    `start` on (0 before it), as an analysis with least squares makes them (_State.own's column 7; they
-    read the pixels only): _analysis's other process makes the last plane's first (0.10.5) and, before
-    them, those of the plane before it from _ls_split's pixel on (0.10.6). The table rows that the
-    windows of the first of them read are written first (_ls_record)."""
+def _ls_own(planes: np.ndarray, version: int, c: int) -> np.ndarray:
+    """[n + 1] int16: plane c's (in coding order) least-squares sub-predictions at every pixel, as an
+    analysis with least squares makes them (_State.own's column 7; they read the pixels only):
+    _analysis's other process makes the last plane's first."""
     lay = _layout(*planes.shape[1:])
     flat, st = _known_state(planes, lay, version, ls=1)
     out = np.zeros(lay.n + 1, dtype=np.int16)
-    reach = int(max(-(dy * lay.w + dx) for dy, dx in _ls_window(version)))  # the farthest window pixel back
-    if start > 0:
-        _ls_record(st, c, np.arange(max(0, start - reach), start))
-    rest = np.arange(start, lay.n)
-    for idx in np.array_split(rest, max(1, len(rest) // _CHUNK)):
+    for idx in np.array_split(np.arange(lay.n), max(1, lay.n // _CHUNK)):
         out[idx] = _ls_predict(st, c, idx)
     return out
 
@@ -1781,23 +1720,7 @@ def _lz_bound(n_bytes: int) -> int:
     return n_bytes + n_bytes // 1024 + 64
 
 
-# (the planes' digest, their _lz_bytes) where the analysis's other process made them (0.10.6: it waited
-# for this one at the end, which then compressed them alone: 0.65 s of kodim01 on the Intel Xeon)
-_LZ_MADE: list = [None, None]
-
-
-def _lz_digest(planes: np.ndarray) -> tuple:
-    return planes.shape, planes.dtype.str, hashlib.blake2b(np.ascontiguousarray(planes).data, digest_size=16).digest()
-
-
 def _lz_bytes(planes: np.ndarray) -> bytes:
-    """The LZMA mode's bytes of these planes (made once: by the analysis's other process where it ran)."""
-    if _LZ_MADE[0] is not None and _LZ_MADE[0] == _lz_digest(planes):
-        return _LZ_MADE[1]
-    return _lz_compress(planes)
-
-
-def _lz_compress(planes: np.ndarray) -> bytes:
     raw = np.ascontiguousarray(np.moveaxis(planes, 0, -1)).tobytes()
     return lzma.compress(raw, format=lzma.FORMAT_RAW, filters=_lz_filters(len(raw)))
 
