@@ -236,14 +236,6 @@ def _model_run(threads: int | None):
         torch.set_num_threads(prev)
 
 
-def _shared_forwards(codec, jobs: int | None):
-    """The scope in which a model's stream is coded: its exact network calls in forward_processes(jobs)
-    processes (0.10.6; jobs 1: this one alone; float32 and GPU calls always here). The same bytes."""
-    from .coding.evaluator import forward_processes
-
-    return codec.sharing(forward_processes(jobs))
-
-
 def _images_crc(sources: list[imgs.SourceImage]) -> int:
     crc = 0
     for s in sources:
@@ -331,9 +323,8 @@ def compress(sources: list[imgs.SourceImage], model, mode: str = "chain", settin
     its encoder's analysis of an image of 2**16 pixels or more, whose first least-squares option it
     otherwise makes in a second process (seed_codec.jobs); None, the default: every usable core, within
     the available memory (coding.workers), where processes fork (Linux) or the program said its main
-    module is guarded (workers.allow_spawn: sfcodec does), else one process. Also, since 0.10.6, the
-    processes that share the exact network calls of the model's stream (evaluator.forward_processes;
-    where they fork: every usable core within the available memory). The same bytes whatever it is.
+    module is guarded (workers.allow_spawn: sfcodec does), else one process. The same bytes whatever
+    it is.
 
     effort: how many of its modes the classical seed codec's encoder tries (seed_codec.EFFORTS): 3 (the
     default, and None) every one; 2 no least-squares predictor (on the 24 Kodak images +0.79% bits, the
@@ -502,7 +493,7 @@ def _compress(sources, model, mode, settings, stream_settings, device, micro_bat
     if skipped is None:
         phase("model stream")
         try:
-            with _model_run(None), _shared_forwards(codec, jobs):
+            with _model_run(None):
                 payload, fields, rep = stream.encode(images, codec, ss, progress, track, tile_bits, seed_tile_bits)
         except ValueError as e:
             # a coder refused a value: the solver left the range it can code (steps far too few)
@@ -1222,8 +1213,7 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     """Decode .sfc bytes; raises DecodeMismatchError unless the pixels' CRC matches. model: the
     file's model (None will do for a seed-only file, see needs_model). jobs: processes for a file in
     parts (compress's jobs; None: every usable core within the available memory), and whether the seed
-    codec's decoder makes its least-squares fits in a second process (1: no; seed_codec.jobs), and how
-    many share the exact network calls of a model's stream (evaluator.forward_processes)."""
+    codec's decoder makes its least-squares fits in a second process (1: no; seed_codec.jobs)."""
     _check_jobs(jobs)
     header, payload, section, low = container.unpack_all(data)
     _validate(header)
@@ -1245,7 +1235,7 @@ def decompress(data: bytes, model=None, device: str = "cpu", progress: Callable[
     # a seed-only stream runs no model: integers only, no torch
     run = _model_run(threads) if use_model else contextlib.nullcontext()
     try:
-        with run, seed_codec.jobs(jobs), (_shared_forwards(codec, jobs) if use_model else contextlib.nullcontext()):
+        with run, seed_codec.jobs(jobs):
             decoded = stream.decode(payload, header["fields"], shapes, codec, ss, progress, jobs)
     except (ValueError, OverflowError, IndexError) as e:
         raise BadFileError(f"corrupt payload: it does not decode ({e.__class__.__name__}){_why(header)}") from None

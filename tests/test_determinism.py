@@ -9,7 +9,6 @@ tests/test_exact.py, whatever the kernels).
 """
 import copy
 import logging
-import sys
 
 import numpy as np
 import pytest
@@ -413,90 +412,3 @@ print("torch._inductor" in sys.modules)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     r = run(code_no_inductor)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
-
-
-# --- exact forwards shared over processes (0.10.6, Evaluator.sharing) -------------------------------------
-
-def _pid_rows(x, t):
-    """A 'network' whose every output holds the id of the process that computed it."""
-    import os
-
-    return torch.full_like(x, float(os.getpid()))
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="helpers are forked (Linux only)")
-def test_exact_calls_are_shared_in_contiguous_shares():
-    """While sharing, an exact call of several rows runs its first share here and the others in the
-    helper processes (one torch thread each, as this one has meanwhile); a call of one row runs here at the
-    caller's threads; after the scope everything is as before."""
-    import os
-
-    from scoreflow_codec.coding.evaluator import Evaluator
-
-    ev = Evaluator(_pid_rows, micro_batch=1, exact=True)
-    x = np.zeros((7, 3, 8, 8))
-    threads = torch.get_num_threads()
-    with ev.sharing(3) as on:
-        assert on and torch.get_num_threads() == 1
-        pids = ev(x, 0.5)[:, 0, 0, 0].astype(np.int64)
-        one = ev(x[:1], 0.5)[:, 0, 0, 0].astype(np.int64)
-        seen = []
-        ev.fn = lambda x, t: (seen.append(torch.get_num_threads()), x)[1]  # the one-row call's threads
-        ev(x[:1], 0.5)
-        assert seen == [threads] and torch.get_num_threads() == 1
-        ev.fn = _pid_rows
-    shares = [pids[0:2], pids[2:4], pids[4:7]]  # 7 rows in 3: 2, 2, 3
-    assert all(len(set(s)) == 1 for s in shares)
-    assert shares[0][0] == os.getpid() and os.getpid() not in (shares[1][0], shares[2][0])  # a helper each (the same
-    # one where it was free first)
-    assert list(one) == [os.getpid()]
-    assert ev.calls == 7 + 1 + 1
-    assert torch.get_num_threads() == threads
-    assert (ev(x, 0.5) == os.getpid()).all()  # no helpers after the scope
-
-
-def test_sharing_applies_to_exact_cpu_calls_of_several_processes_only():
-    from scoreflow_codec.coding import evaluator
-    from scoreflow_codec.coding.evaluator import Evaluator
-
-    for ev, processes in ((Evaluator(_pid_rows, 1, exact=False), 2), (Evaluator(_pid_rows, 1, exact=True), 1)):
-        with ev.sharing(processes) as on:
-            assert not on and ev._helpers is None
-    ev = Evaluator(_pid_rows, 1, exact=True)
-    with ev.sharing(2) as on:
-        with Evaluator(_pid_rows, 1, exact=True).sharing(2) as inner:
-            assert not inner  # one sharing Evaluator at a time: its network is what the helpers run
-        assert on == sys.platform.startswith("linux")
-    assert evaluator._SHARED_FN is None
-
-
-def test_forward_processes(monkeypatch):
-    """jobs where given; else every usable core, with no more helpers than the memory holds."""
-    from scoreflow_codec.coding import evaluator, workers
-
-    assert evaluator.forward_processes(1) == 1 and evaluator.forward_processes(5) == 5
-    with pytest.raises(ValueError):
-        evaluator.forward_processes(0)
-    monkeypatch.setattr(workers, "forks", lambda: True)
-    monkeypatch.setattr(workers, "usable_cores", lambda: 8)
-    monkeypatch.setattr(workers, "available_memory", lambda: None)
-    assert evaluator.forward_processes(None) == 8
-    monkeypatch.setattr(workers, "available_memory", lambda: 3 * evaluator.HELPER_BYTES - 1)
-    assert evaluator.forward_processes(None) == 3
-    monkeypatch.setattr(workers, "available_memory", lambda: 0)
-    assert evaluator.forward_processes(None) == 1
-    monkeypatch.setattr(workers, "forks", lambda: False)
-    assert evaluator.forward_processes(None) == 1
-
-
-@pytest.mark.parametrize("mode", ["chain", "ode"])
-def test_exact_streams_are_the_same_bytes_in_any_number_of_processes(model, source, mode):
-    """The model's stream with its exact calls in one, two or three processes: the same file, which
-    decodes in any of them (the ODE mode's calls carry the finite difference's rows too)."""
-    settings = SETTINGS if mode == "chain" else {"steps": 8}
-    files = [api.compress([source], model, mode, settings, stream_settings=STREAM, fallback="off", jobs=jobs)[0]
-             for jobs in (1, 2, 3)]
-    assert files[0] == files[1] == files[2]
-    for jobs in (1, 2):
-        assert images.to_array(api.decompress(files[0], model, jobs=jobs)[0]).tobytes() == \
-            images.to_array(source).tobytes()

@@ -12,11 +12,6 @@ same bits on every machine and in any batch, so nothing is rounded, and the Jaco
 form of the ODE mode comes from a finite difference of two exact forwards instead of autograd.
 Nor is anything padded: the rows run in chunks of at least EXACT_CHUNK_PIXELS pixels (the
 file's micro-batch, which the float32 arithmetic needs, is only a lower bound there).
-
-For the same reason an exact call's rows may run in several processes (0.10.6, `Evaluator.sharing`):
-this one and helpers forked with the network, one torch thread each, every process a contiguous share
-of the rows. The bits cannot change; on a 2-core CPU two processes of one thread run the photo model's
-exact forward about 10% faster than one process of two threads (docs/RESULTS.md, 0.10.6).
 """
 from __future__ import annotations
 
@@ -28,7 +23,6 @@ import numpy as np
 import torch
 
 from .. import exactmath as em
-from . import workers
 
 QUANT_BITS = 20
 # exact forwards: rows per call so that a call holds at most about this many pixels (8 tiles of
@@ -39,31 +33,6 @@ QUANT_BITS = 20
 # of 2 / 4 / 6 / 8 / 12 / 16 tiles (two threads, best of 4): 8 is still best
 EXACT_CHUNK_PIXELS = 8 * 64 * 64
 FD_STEP = 2.0 ** -10  # the finite difference of exact mode's Jacobian quadratic form (model space)
-# what a helper of Evaluator.sharing adds to the memory in use: its own activations (the photo model's exact
-# forward of 8 tiles of 64px, one thread: +215 MB peak RSS, 0.10.6), its copies of pages it shares with
-# this process, and room
-HELPER_BYTES = 512 << 20
-_SHARED_FN: Callable | None = None  # the network of the Evaluator sharing its calls: what forked helpers run
-
-
-def forward_processes(jobs: int | None) -> int:
-    """How many processes an exact stream's forwards run in (Evaluator.sharing): jobs where given (1: this
-    one alone), else every usable core, no more helpers than the available memory holds at HELPER_BYTES
-    each, and one where processes would not fork (workers.forks: a helper must start with the network)."""
-    workers.check_jobs(jobs)
-    if jobs is not None:
-        return jobs
-    if not workers.forks():
-        return 1
-    n = workers.usable_cores()
-    mem = workers.available_memory()
-    return max(1, min(n, 1 + mem // HELPER_BYTES) if mem is not None else n)
-
-
-def _helper_forward(x: np.ndarray, t: float, micro_batch: int) -> np.ndarray:
-    """In a helper process (Evaluator.sharing): the exact forward of these rows by the network it was
-    forked with, in the chunks that Evaluator's own calls would use."""
-    return Evaluator(_SHARED_FN, micro_batch, exact=True)._rows(x, t)
 
 
 def quantize(v: np.ndarray, bits: int = QUANT_BITS) -> np.ndarray:
@@ -110,9 +79,6 @@ class Evaluator:
         self.exact = exact
         self.dtype = torch.float64 if exact else torch.float32
         self.calls = 0  # network evaluations, counted in samples (for reports)
-        self._helpers = None  # while sharing: the helpers' pool, how many processes in all, and the
-        self._processes = 1   # threads this one had before
-        self._threads = 1
 
     def _out(self, v: np.ndarray) -> np.ndarray:
         return v if self.exact else quantize(v)
@@ -143,66 +109,16 @@ class Evaluator:
     def _t(self, t: float, rows: int) -> torch.Tensor:
         return torch.full((rows,), float(t), dtype=self.dtype, device=self.device)
 
-    @contextlib.contextmanager
-    def sharing(self, processes: int):
-        """For the scope, every exact call of several rows runs in `processes` processes: this one and
-        processes - 1 helpers forked now with the network (workers.helpers), one torch thread each, each
-        process a contiguous share of the rows (the same bits: an exact forward does not depend on its
-        batch, chunks or threads). Yields whether it shares: not for float32 calls (their bits depend on
-        the batch), on a GPU, for one process, where processes do not fork, or in a worker process."""
-        global _SHARED_FN
-        if (processes <= 1 or not self.exact or self.device.type != "cpu" or not workers.forks()
-                or not workers.in_main_process() or _SHARED_FN is not None):
-            yield False
-            return
-        self._threads = torch.get_num_threads()
-        _SHARED_FN = self.fn  # set before the pool forks its processes (at the first call)
-        try:
-            with workers.helpers(processes - 1) as ex:
-                self._helpers, self._processes = ex, processes
-                torch.set_num_threads(1)
-                yield True
-        finally:
-            self._helpers, self._processes, _SHARED_FN = None, 1, None
-            torch.set_num_threads(self._threads)
-
     @torch.no_grad()
     def __call__(self, x: np.ndarray, t: float) -> np.ndarray:
-        """fn(x, t) for all rows of x (float64 numpy), quantized float64 output (exact: as computed)."""
-        if self._helpers is None:
-            return self._out(self._rows(x, t))
-        if x.shape[0] > 1:
-            return self._shared(x, t)
-        torch.set_num_threads(self._threads)  # one row, which the helpers wait beside: the caller's threads
-        try:
-            return self._rows(x, t)
-        finally:
-            torch.set_num_threads(1)
-
-    @torch.no_grad()
-    def _rows(self, x: np.ndarray, t: float) -> np.ndarray:
-        """fn(x, t) for all rows of x in this process, unquantized."""
+        """fn(x, t) for all rows of x (float64 numpy), quantized float64 output."""
         out = np.empty(x.shape, dtype=np.float64)
         for s, e in self._chunks(x):
             xb = self._pad(x, s, e)
             y = self.fn(xb, self._t(t, xb.shape[0]))
             out[s:e] = y[: e - s].to("cpu", torch.float64).numpy()
             self.calls += e - s
-        return out
-
-    def _shared(self, x: np.ndarray, t: float) -> np.ndarray:
-        """An exact call's rows in contiguous shares, the first here, the others in the helpers (sharing)."""
-        n = x.shape[0]
-        k = min(self._processes, n)
-        cut = [n * i // k for i in range(k + 1)]
-        pending = [self._helpers.submit(_helper_forward, x[cut[i]:cut[i + 1]], float(t), self.micro_batch)
-                   for i in range(1, k)]
-        out = np.empty(x.shape, dtype=np.float64)
-        out[:cut[1]] = self._rows(x[:cut[1]], t)
-        for i, fut in enumerate(pending, 1):
-            out[cut[i]:cut[i + 1]] = fut.result()
-        self.calls += n - cut[1]
-        return out
+        return self._out(out)
 
     @torch.no_grad()
     def batched(self, fn: Callable[..., tuple], *arrays: np.ndarray) -> list[np.ndarray]:
@@ -225,10 +141,8 @@ class Evaluator:
         exact arithmetic from (v . (fn(x + h v) - fn(x))) / h, summed in a fixed order.
         """
         if self.exact:
-            # one call of both sets of rows (the same bits as two: exact forwards do not depend on their
-            # batch), so that sharing splits even a single row's pair
-            both = self(np.concatenate([x, x + FD_STEP * np.asarray(probe)[None]]), t)
-            out, shifted = both[:x.shape[0]], both[x.shape[0]:]
+            out = self(x, t)
+            shifted = self(x + FD_STEP * np.asarray(probe)[None], t)
             d = torch.from_numpy(((shifted - out) * np.asarray(probe)[None]).reshape(x.shape[0], -1))
             return out, em.tree_sum(d).numpy() / FD_STEP
         out = np.empty(x.shape, dtype=np.float64)

@@ -47,11 +47,6 @@ class DensityTileCodec:
         self.dq.push(m, x, frac)
         return x
 
-    def sharing(self, processes: int):
-        """The flow's network calls in `processes` processes for the scope (Evaluator.sharing: exact
-        arithmetic on the CPU only; the same bits). The dequantizer's, one call a batch, stay here."""
-        return self.flow.ev.sharing(processes)
-
     def deficit_bits_per_dim(self) -> float:
         return self.L + self.flow.deficit_bits_per_dim()
 

@@ -1,7 +1,6 @@
 """Worker processes: the independent parts of a seed-only stream (stream.seed_parts, 0.9.26), a
 seed codec encoder's first least-squares option beside the others (seed_codec._analysis, 0.9.27),
-sfcodec's files coded each alone (`-d`, cli/batch.py, 0.9.29: `each`), and the exact forwards of a
-model's stream (evaluator.Evaluator.sharing, 0.10.6: `helpers`).
+and sfcodec's files coded each alone (`-d`, cli/batch.py, 0.9.29: `each`).
 
 A large photograph's seed codec file is coded in blocks of up to 1024x1024 pixels, each alone; from
 0.9.26 each part (a block, or consecutive small ones) is its own ANS stack, so the parts are coded
@@ -242,15 +241,6 @@ def background_calls(calls: Sequence[tuple]):
     their futures in that order, so the caller can take each result as soon as it is made."""
     with _pool(1, "try --jobs 1 (everything in this process)") as ex:
         yield [ex.submit(fn, *args) for fn, *args in calls]
-
-
-@contextlib.contextmanager
-def helpers(n: int):
-    """n processes, each with one torch thread, for work the caller hands out piece by piece through the
-    scope (ex.submit: a future each): the exact forwards of a model's stream (evaluator.Evaluator.sharing,
-    0.10.6). As _pool: a dead process is an SfcError, any other exception stops them at once."""
-    with _pool(n, "try --jobs 1 (everything in this process)", threads=1) as ex:
-        yield ex
 
 
 def run(fn: Callable, items: Sequence[tuple], jobs: int) -> list:
