@@ -861,7 +861,7 @@ def test_an_analysis_keeps_small_types_and_one_copy_of_the_planes():
 
     def runs(options) -> int:
         arrays = {id(a): a for o in options for e in o.planes for pv in (e or ()) if pv is not None
-                  for pl in ((pv[1].blend, pv[1].other) if isinstance(pv[1], sc._Mix) else (pv[1],))
+                  for pl in sc._plan_parts(pv[1])
                   for a in pl.run.arrays()}
         return sum(a.nbytes for a in arrays.values())
 
@@ -1327,7 +1327,7 @@ def test_the_push_rewinds_the_counts_the_analysis_ran(version):
         return m.words()
 
     def runs(ps) -> list:
-        return [p for pl in ps if pl is not None for p in ((pl.blend, pl.other) if isinstance(pl, sc._Mix) else (pl,))]
+        return [p for pl in ps for p in sc._plan_parts(pl)]
 
     ls, flat, plans, _, _ = sc._choose(planes, lay, version)
     assert all(p.run is not None and len(p.run.kept) == 1 for p in runs(plans))

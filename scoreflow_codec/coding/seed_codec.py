@@ -1644,9 +1644,9 @@ def _nbytes(options: list[_Option]) -> int:
             for pv in (e or ()):
                 if pv is not None:
                     v, plan = pv
-                    plans = (plan.blend, plan.other) if isinstance(plan, _Mix) else (plan,)
                     for a in (v, getattr(plan, "weights", None)) + tuple(
-                            a for pl in plans for a in (pl.rows, pl.centres, pl.signs, pl.coarse, pl.cost)
+                            a for pl in _plan_parts(plan)
+                            for a in (pl.rows, pl.centres, pl.signs, pl.coarse, pl.cost)
                             + tuple(pl.run.arrays() if pl.run is not None else ())):
                         if a is not None:
                             arrays[id(a)] = a
@@ -1776,31 +1776,39 @@ def _check_coded(coded: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
     return coded.reshape(-1)
 
 
+def _plan_parts(plan) -> tuple:
+    """The histogram plans of a plane's plan: a _Mix's two, a _Plan itself, none for a constant plane."""
+    return () if plan is None else (plan.blend, plan.other) if isinstance(plan, _Mix) else (plan,)
+
+
+def _last_counts(lay: _Layout, x: np.ndarray, pl: _Plan) -> tuple[_Counts, dict]:
+    """A plan's counts after the last wavefront and its halvings, wavefront -> (rows, their counts
+    before), which the pusher rewinds: those the analysis ran, where it left them (_Run.take), else run
+    here on the plane's pixels x."""
+    got = None if pl.run is None else pl.run.take()
+    if got is not None:
+        return got, pl.run.halved
+    cc, log = pl.counts(), {}
+    if cc.halve_at is None:  # the counts after the last wavefront, at once
+        cc.add(pl.rows, pl.coarse, _slot(x, pl.centres, pl.signs), INC)
+        return cc, log
+    for k, idx in enumerate(lay.steps):  # version 6's rows halve as they fill: logging each halving
+        cc.add(pl.rows[idx], None if pl.coarse is None else pl.coarse[idx],
+               _slot(x[idx], pl.centres[idx], pl.signs[idx]), INC)
+        event = cc.settle(pl.rows[idx])
+        if event is not None:
+            log[k] = event
+    return cc, log
+
+
 def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int, version: int,
                 coded: np.ndarray | None = None) -> None:
     """Push the pixels (those where `coded`, default all) of planes in coding order with their plans,
     then the plane flags: everything after the LZMA mode's flag, which _pop_plans pops."""
     c_ = len(flat)
-    # per plane its plans' counts (two in the mixed mode) at the state after the last wavefront, and
-    # per plan the halvings: wavefront -> (rows, their counts before); those the analysis ran where it
-    # left them (_Run.take), else run here
-    parts = [[] if pl is None else [pl.blend, pl.other] if isinstance(pl, _Mix) else [pl] for pl in plans]
-    taken = [[None if pl.run is None else pl.run.take() for pl in ps] for ps in parts]
-    counts = [[pl.counts() if got is None else got for pl, got in zip(ps, gs)] for ps, gs in zip(parts, taken)]
-    halved = [[{} if got is None else pl.run.halved for pl, got in zip(ps, gs)] for ps, gs in zip(parts, taken)]
-    for c in range(c_):
-        for pl, cc, log, got in zip(parts[c], counts[c], halved[c], taken[c]):
-            if got is not None:
-                continue
-            if cc.halve_at is None:  # the counts after the last wavefront, at once
-                cc.add(pl.rows, pl.coarse, _slot(flat[c], pl.centres, pl.signs), INC)
-            else:  # version 6's rows halve as they fill: wavefront by wavefront, logging each halving
-                for k, idx in enumerate(lay.steps):
-                    cc.add(pl.rows[idx], None if pl.coarse is None else pl.coarse[idx],
-                           _slot(flat[c][idx], pl.centres[idx], pl.signs[idx]), INC)
-                    event = cc.settle(pl.rows[idx])
-                    if event is not None:
-                        log[k] = event
+    # per plane its plans (two in the mixed mode), their counts after the last wavefront and halvings
+    parts = [_plan_parts(pl) for pl in plans]
+    last = [[_last_counts(lay, flat[c], pl) for pl in parts[c]] for c in range(c_)]
     # A stack: push the last wavefront first; rewind each histogram to its state before it.
     for k in reversed(range(len(lay.steps))):
         idx = lay.steps[k]
@@ -1811,7 +1819,7 @@ def _push_plans(m: Message, lay: _Layout, flat: np.ndarray, plans: list, ls: int
             x = flat[c][idx]
             keep = slice(None) if sel is None else sel
             tables = []
-            for pl, cc, log in zip(parts[c], counts[c], halved[c]):
+            for pl, (cc, log) in zip(parts[c], last[c]):
                 b, p, sg = pl.rows[idx], pl.centres[idx], pl.signs[idx]
                 cb = None if pl.coarse is None else pl.coarse[idx]
                 if k in log:  # undo the halving after this wavefront's add
