@@ -376,7 +376,7 @@ def _image_bytes(src, path: Path, warnings: list[str]) -> bytes:
     format cannot hold."""
     from scoreflow_codec import images
 
-    dropped = images.metadata_dropped(src.metadata, path.suffix)
+    dropped = images.metadata_dropped(src.metadata, path.suffix, src.meta)
     if dropped:
         warnings.append(f"sfcodec: warning: {path.name}: {images.LOSSLESS_SAVE[path.suffix.lower()]} cannot hold "
                         f"the image's {', '.join(dropped)}: not written (a .png keeps them)")

@@ -1,3 +1,3 @@
 """scoreflow-codec: lossless image compression with score-based diffusion models."""
 
-__version__ = "0.10.5"
+__version__ = "0.10.6"

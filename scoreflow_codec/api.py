@@ -1041,6 +1041,11 @@ def _validate_fields(h: dict) -> None:
             deep.check(m.get("deep"))
         elif "deep" in m:
             raise BadFileError("corrupt header: a 16-bit description on an 8-bit image")
+        if mode in ("L", "1", "RGB") and "transparency" in m:  # a PNG's transparent colour (0.10.6)
+            try:
+                imgs.checked_colour_key(mode, m["transparency"])
+            except SfcError as e:
+                raise BadFileError(f"corrupt header: {e}") from None
     _validate_coding(h)
 
 

@@ -5,7 +5,8 @@ input's mode. EXIF orientation is not applied: a rotated JPEG comes back with th
 pixels, and its EXIF (metadata.py, kept unless dropped) holds the orientation tag.
 
 Modes coded:
-  RGB, L, 1 (as L 0/255)         -> colour planes through the model
+  RGB, L, 1 (as L 0/255)         -> colour planes through the model; a PNG's transparent colour
+                                    (tRNS) kept in the header since 0.10.6
   RGBA, LA                       -> colour planes through the model + alpha with the seed codec
                                     (a constant alpha is stored in the header, free)
   P (palette), PA                -> palette colours through the model when the palette has no
@@ -164,6 +165,9 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
         if img.format == "MPO":  # a phone's JPEG with a second picture (depth map, preview) after the first
             raise UnsupportedImageError(f"multi-picture JPEGs (MPO, {img.n_frames} pictures) are not supported; "
                                         "save the picture you want as a PNG first")
+        if img.format == "TIFF":  # pages, not frames (0.10.6: it said "animated" of them)
+            raise UnsupportedImageError(f"TIFFs of several pages are not supported ({img.n_frames} pages); "
+                                        "save the page you want as a PNG first")
         raise UnsupportedImageError(f"animated images are not supported ({img.n_frames} frames); extract one frame first")
     sizes = img.info.get("sizes") if img.format in ("ICO", "ICNS") else None
     if sizes and len(sizes) > 1:  # Pillow reads the largest alone (0.9.31: refused, as a TIFF of several pages)
@@ -184,12 +188,9 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
         raise UnsupportedImageError(f"{mode} images are not supported: convert to RGB first")
     if mode in ("RGBa", "La"):
         raise UnsupportedImageError(f"premultiplied-alpha mode {mode} is not supported")
-    if mode == "RGB":
-        return SourceImage("RGB", _planes(np.asarray(img)), None, meta)
-    if mode == "L":
-        return SourceImage("L", _planes(np.asarray(img)), None, meta)
-    if mode == "1":
-        return SourceImage("1", _planes(np.asarray(img.convert("L"))), None, meta)
+    if mode in ("RGB", "L", "1"):
+        _colour_key(img, meta)
+        return SourceImage(mode, _planes(np.asarray(img if mode != "1" else img.convert("L"))), None, meta)
     if mode == "RGBA":
         arr = np.asarray(img)
         return SourceImage("RGBA", _planes(arr[..., :3]), _split_alpha(arr, meta), meta)
@@ -199,6 +200,24 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
     if mode in ("P", "PA"):
         return _from_palette(img, meta)
     raise UnsupportedImageError(f"image mode {mode} is not supported")
+
+
+def _colour_key(img: Image.Image, meta: dict) -> None:
+    """A grey or RGB PNG's transparent colour (tRNS: the pixels of that value are transparent), in meta
+    as Pillow gives it (0.10.6; before, it was dropped without a word): an int for L and 1, [r, g, b]."""
+    tr = img.info.get("transparency")
+    if tr is not None:
+        meta["transparency"] = [int(v) for v in tr] if isinstance(tr, tuple) else int(tr)
+
+
+def checked_colour_key(mode: str, tr):
+    """meta["transparency"] of an L, 1 or RGB image read from a file's header: Pillow's value, or
+    BadImageError where a damaged header holds something else (the decoder then refuses the file)."""
+    n = 3 if mode == "RGB" else 1
+    vals = tr if n == 3 and isinstance(tr, list) else [tr] if n == 1 else None
+    if vals is None or len(vals) != n or not all(type(v) is int and 0 <= v < 1 << 16 for v in vals):
+        raise BadImageError(f"bad transparent colour {tr!r} for a {mode} image")
+    return tuple(vals) if n == 3 else vals[0]
 
 
 def from_pil(img: Image.Image) -> SourceImage:
@@ -508,9 +527,13 @@ def to_pil(src: SourceImage) -> Image.Image:
         arr = np.concatenate([color, alpha[:, :, None]], axis=2)
         return Image.fromarray(arr, src.mode)
     if src.mode == "RGB":
-        return Image.fromarray(np.ascontiguousarray(color), "RGB")
-    gray = Image.fromarray(np.ascontiguousarray(color[:, :, 0]), "L")
-    return gray.convert("1") if src.mode == "1" else gray
+        img = Image.fromarray(np.ascontiguousarray(color), "RGB")
+    else:
+        img = Image.fromarray(np.ascontiguousarray(color[:, :, 0]), "L")
+        img = img.convert("1") if src.mode == "1" else img
+    if "transparency" in m:  # a PNG's transparent colour (0.10.6)
+        img.info["transparency"] = checked_colour_key(src.mode, m["transparency"])
+    return img
 
 
 def _cannot_hold(fmt: str | None, mode: str) -> str | None:
@@ -573,8 +596,15 @@ def encode_source(src: SourceImage, suffix: str) -> bytes:
     return encode_image(to_pil(src), suffix, src.metadata)
 
 
-def metadata_dropped(metadata: dict, suffix: str) -> list[str]:
+def metadata_dropped(metadata: dict, suffix: str, meta: dict | None = None) -> list[str]:
     """What of `metadata` a file of this suffix's format cannot hold (names, metadata.NAMES): the same for
-    an 8-bit image and a 16-bit one (whose PNG and TIFF writers, deep.py, write what save_options keeps)."""
+    an 8-bit image and a 16-bit one (whose PNG and TIFF writers, deep.py, write what save_options keeps);
+    and with the image's `meta`, its transparent colour or palette transparency, which a PNG alone holds
+    (Pillow's TIFF, BMP, PPM and WebP writers leave it out)."""
     fmt = LOSSLESS_SAVE.get(suffix.lower())
-    return md.save_options(metadata, fmt)[1] if fmt else []
+    if not fmt:
+        return []
+    dropped = md.save_options(metadata, fmt)[1]
+    if meta and "transparency" in meta and fmt != "PNG":
+        dropped = dropped + ["transparency"]
+    return dropped

@@ -305,6 +305,42 @@ def test_effort(tmp_path):
         api.compress([images.load_image(png)], None, fallback="seed", effort=0)
 
 
+def test_a_transparent_colour_is_kept(tmp_path):
+    """0.10.6: a grey or RGB PNG's transparent colour (tRNS) comes back in the PNG that decompress
+    writes, with -o and -d, through --no-metadata too (it is part of the image, as a palette's
+    transparency is); a format that cannot hold it (TIFF, BMP, PPM, WebP) gets the pixels and one
+    warning naming it. Before, it was dropped without a word."""
+    rgb, grey = tmp_path / "rgb.png", tmp_path / "grey.png"
+    Image.fromarray(_smooth_rgb(16, 24, seed=5), "RGB").save(rgb, transparency=(12, 34, 56))
+    Image.fromarray(_smooth_rgb(16, 24, seed=6)[..., 0], "L").save(grey, transparency=9)
+    for src, want in ((rgb, (12, 34, 56)), (grey, 9)):
+        sfc, out = tmp_path / f"{src.stem}.sfc", tmp_path / f"{src.stem}-out.png"
+        for extra in ((), ("--no-metadata",)):
+            assert_ok(sfcodec("compress", src, "-o", sfc, "--fallback", "seed", "--force", "-q", *extra))
+            r = sfcodec("decompress", sfc, "-o", out, "--force")
+            assert_ok(r)
+            assert "warning" not in r.stderr
+            assert_same_pixels(src, out)
+            with Image.open(out) as im:
+                assert im.info["transparency"] == want
+        for suffix in (".tif", ".bmp", ".ppm", ".webp"):
+            r = sfcodec("decompress", sfc, "-o", tmp_path / f"{src.stem}{suffix}")
+            if suffix == ".webp" and src is grey:  # WebP holds no grey image at all: refused, as before
+                assert r.exit_code == 3 and "WebP cannot hold mode L" in r.stderr
+                continue
+            assert_ok(r)
+            assert [ln for ln in r.stderr.splitlines() if "warning" in ln] == [
+                f"sfcodec: warning: {src.stem}{suffix}: {images.LOSSLESS_SAVE[suffix]} cannot hold the image's "
+                "transparency: not written (a .png keeps them)"]
+            assert_same_pixels(src, tmp_path / f"{src.stem}{suffix}")
+    r = sfcodec("decompress", tmp_path / "rgb.sfc", tmp_path / "grey.sfc", "-d", tmp_path / "d")
+    assert_ok(r)
+    for src in (rgb, grey):
+        assert_same_pixels(src, tmp_path / "d" / src.name)
+        with Image.open(tmp_path / "d" / src.name) as a, Image.open(src) as b:
+            assert a.info["transparency"] == b.info["transparency"]
+
+
 def test_a_jpeg_whose_sfc_is_larger_is_warned_about(tmp_path):
     """A JPEG input is lossy already: its decoded pixels, kept exactly, take more bytes than the JPEG file.
     Where the .sfc is larger than the JPEG, one warning line says so (with -o and with -d); the file is

@@ -261,6 +261,13 @@ HOSTILE = [  # header values re-packed with valid CRCs: each must be refused bef
     ("model", "cifar10", "model"),
     ("crc32", "x", "crc32"),
     ("meta", [1], "metadata"),
+    # image 0 is RGB: its transparent colour (0.10.6) is three integers below 2^16, as Pillow gives them
+    ("meta.0.transparency", "x", "transparent colour"),
+    ("meta.0.transparency", 7, "transparent colour"),
+    ("meta.0.transparency", [1, 2], "transparent colour"),
+    ("meta.0.transparency", [1, 2, 1 << 16], "transparent colour"),
+    ("meta.0.transparency", [1, True, 3], "transparent colour"),
+    ("meta.0.transparency", [1.0, 2, 3], "transparent colour"),
 ]
 
 

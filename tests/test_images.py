@@ -95,6 +95,12 @@ def _cases():
         "RGBA": ("a.png", Image.fromarray(RNG.integers(0, 256, (33, 35, 4), np.uint8), "RGBA"), {}),
         "1-bit": ("a.png", Image.fromarray(RNG.integers(0, 2, (9, 13), np.uint8) * 255).convert("1"), {}),
         "P-transparent-index": ("a.png", _palette_image(9, 7), {"transparency": 3}),
+        # a grey or RGB PNG's transparent colour (tRNS): dropped without a word before 0.10.6
+        "L-transparent-colour": ("a.png", Image.fromarray(RNG.integers(0, 256, (9, 40), np.uint8), "L"),
+                                 {"transparency": 7}),
+        "RGB-transparent-colour": ("a.png", Image.fromarray(_rgb(8, 9)), {"transparency": (10, 300, 255)}),
+        "1-bit-transparent-colour": ("a.png", Image.fromarray(RNG.integers(0, 2, (9, 13), np.uint8) * 255).convert("1"),
+                                     {"transparency": 1}),
         "P-tRNS-table": ("a.png", _palette_image(9, 7), {"transparency": bytes(range(0, 160, 10))}),
         "P-duplicate-colours": ("a.png", _palette_image(9, 7, palette=bytes(24) + bytes(range(24))), {}),
         "GIF-one-frame": ("a.gif", _palette_image(8, 8), {}),
@@ -256,6 +262,15 @@ def test_animations_are_refused(tmp_path, suffix):
     path = tmp_path / ("anim" + suffix)
     frames[0].save(path, save_all=True, append_images=frames[1:])
     _refused(path, UnsupportedImageError, "animated", "3 frames")
+
+
+def test_tiffs_of_several_pages_are_refused_as_such(tmp_path):
+    """A TIFF of several pages is not an animation, and is said to be one no more (0.10.6)."""
+    pages = [Image.fromarray(_rgb(8, 8)) for _ in range(3)]
+    path = tmp_path / "scan.tif"
+    pages[0].save(path, save_all=True, append_images=pages[1:])
+    e = _refused(path, UnsupportedImageError, "TIFFs of several pages", "3 pages", "PNG")
+    assert "animated" not in str(e)
 
 
 def test_multi_picture_jpegs_are_refused_as_such(tmp_path):
