@@ -271,6 +271,49 @@ def palette_as_indices(src: SourceImage) -> SourceImage | None:
     return alt
 
 
+def _pnm_wide(p: Path, img: Image.Image) -> np.ndarray | None:
+    """uint16 [H, W, 1 or 3]: the samples of a PGM or PPM (binary or plain) whose maxval is above 255, as
+    Pillow gives a grey one (mode I: maxval 65535 as stored, another scaled to 0 - 65535 by Pillow's
+    rounding), else None. Pillow hands over such a PPM as 8-bit RGB (each sample scaled to 0 - 255): until
+    0.10.6 its low bits were lost without a word (dcraw's 16-bit output), and a 16-bit PGM was refused as
+    a 32-bit image. A PPM's samples go through Pillow's grey decoder too, as a PGM three times as wide
+    (its samples in the same order), so both scale alike."""
+    tile = (getattr(img, "tile", None) or [None])[0]
+    args = tile.args if tile is not None else None
+    if img.mode == "I":  # a grey one (Pillow's mode for maxval > 255)
+        img.load()
+        arr = np.asarray(img)
+        if arr.min(initial=0) < 0 or arr.max(initial=0) > 65535:
+            raise BadImageError("PGM samples outside 0 - 65535")
+        return arr.astype(np.uint16)[:, :, None]
+    if img.mode != "RGB" or not (isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], int)) \
+            or args[1] <= 255 or tile.codec_name not in ("ppm", "ppm_plain"):
+        return None
+    w, h = img.size
+    maxval, n = args[1], 3 * w * h
+    with open(p, "rb") as f:
+        f.seek(tile.offset)
+        data = f.read()
+    if tile.codec_name == "ppm":  # binary: big-endian 16-bit samples
+        if len(data) < 2 * n:
+            raise BadImageError("image file is truncated")
+        samples = np.frombuffer(data, ">u2", n)
+    else:  # plain: decimal numbers, "#" comments to the end of a line
+        words = b" ".join(line.split(b"#", 1)[0] for line in data.splitlines()).split()
+        if len(words) < n:
+            raise BadImageError("image file is truncated")
+        try:
+            samples = np.array(words[:n], dtype=np.int64)
+        except ValueError:
+            raise BadImageError("a PPM sample that is not a number") from None
+    if samples.max(initial=0) > maxval or samples.min(initial=0) < 0:
+        raise BadImageError(f"PPM samples above its maxval {maxval}")
+    grey = f"P5\n{3 * w} {h}\n{maxval}\n".encode() + samples.astype(">u2").tobytes()
+    with Image.open(io.BytesIO(grey)) as g:
+        g.load()
+        return np.asarray(g).astype(np.uint16).reshape(h, w, 3)
+
+
 def _wide_rawmode(img: Image.Image) -> str | None:
     """The raw mode of a file with 16-bit samples that Pillow would hand over as 8-bit RGB / RGBA /
     LA (a 48-bit PNG opens as "RGB", keeping the high bytes only), else None."""
@@ -424,7 +467,11 @@ def _load_image(p: Path) -> SourceImage:
             wide, how = _wide_rawmode(img), dp.wide_colour(img)
             if how:
                 _no_transparent_colour(img)
-            if how and not getattr(img, "n_frames", 1) > 1:
+            pnm = _pnm_wide(p, img) if img.format == "PPM" else None
+            if pnm is not None:
+                src = from_deep(pnm, "L;16" if pnm.shape[2] == 1 else "RGB;16")
+                src.metadata = md.read(img)
+            elif how and not getattr(img, "n_frames", 1) > 1:
                 _check_size(*img.size)
                 arr, mode, kept = dp.read_wide(p, how)
                 src = from_deep(arr, mode)
@@ -546,7 +593,7 @@ def _cannot_hold(fmt: str | None, mode: str) -> str | None:
         return f"WebP cannot hold mode {mode} losslessly; use .png"
     if fmt == "PPM" and mode not in ("RGB", "L", "1"):
         return f"PPM cannot hold mode {mode}; use .png"
-    if fmt == "BMP" and mode in ("LA", "PA"):
+    if fmt == "BMP" and mode in ("LA", "PA", "RGBA"):  # RGBA: Pillow writes its alpha where readers ignore it
         return f"BMP cannot hold mode {mode}; use .png"
     return None
 

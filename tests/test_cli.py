@@ -1524,6 +1524,22 @@ def test_lossy_output_format_refused(tmp_path, good_sfc, model_a):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_format_that_cannot_hold_the_mode_is_refused(tmp_path):
+    """An output format that cannot hold the image's mode is refused (exit 3, nothing written): an LA image
+    in a BMP, and since 0.10.6 an RGBA one, whose alpha Pillow writes where readers (Pillow's own) ignore
+    it: before, the BMP came back RGB, its alpha lost without a word. A TIFF or WebP holds RGBA."""
+    src = tmp_path / "rgba.png"
+    rgba = np.dstack([_smooth_rgb(12, 10, seed=2), _rng(2).integers(0, 256, (12, 10, 1)).astype(np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(src)
+    sfc = tmp_path / "rgba.sfc"
+    assert_ok(sfcodec("compress", src, "-o", sfc, "--fallback", "seed", "-q"))
+    assert_error(sfcodec("decompress", sfc, "-o", tmp_path / "out.bmp"), 3, "BMP cannot hold mode RGBA", ".png")
+    assert not (tmp_path / "out.bmp").exists()
+    for suffix in (".tif", ".webp", ".png"):
+        assert_ok(sfcodec("decompress", sfc, "-o", tmp_path / f"out{suffix}", "-q"))
+        assert_same_pixels(src, tmp_path / f"out{suffix}")
+
+
 def test_few_steps_still_round_trip(image, model_a, tmp_path):
     """Chain mode with far too few steps for the model: a large file, but a lossless one (this
     used to fail with an escape cascade: "gaussian: means must be finite")."""

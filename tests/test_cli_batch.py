@@ -521,6 +521,7 @@ def test_same_format():
                                      "noext", "x.tif.jpeg")] == [
         ".tif", ".tiff", ".webp", ".bmp", ".pgm", ".png", ".png", ".png", ".png", ".png", ".png"]
     assert same("x.webp", "L") == ".png" and same("x.webp", "RGBA") == ".webp" and same("x.bmp", "LA") == ".png"
+    assert same("x.bmp", "RGBA") == ".png"  # 0.10.6: Pillow's BMP writer puts alpha where readers ignore it
     assert same("x.ppm", "P") == ".png" and same("x.tif", "PA") == ".tif"
     assert same("x.tif", "RGB;16") == ".tif" and same("x.tif", "LA;16") == ".png" and same("x.webp", "RGB;16") == ".png"
 

@@ -411,6 +411,67 @@ def test_what_16_bit_input_is_refused(tmp_path):
         images.from_array(np.zeros((4, 4), np.uint32))
 
 
+def _pnm(kind: str, arr: np.ndarray, maxval: int, comment: bool = False) -> bytes:
+    """A PGM / PPM written by the Netpbm specification: P5 / P6 with big-endian 16-bit samples (maxval above
+    255), or plain P2 / P3 with decimal samples; a comment line after the magic number."""
+    h, w = arr.shape[:2]
+    head = f"{kind}\n{'# written by hand' + chr(10) if comment else ''}{w} {h}\n{maxval}\n".encode()
+    if kind in ("P5", "P6"):
+        return head + arr.astype(">u2").tobytes()
+    rows = (" ".join(str(int(v)) for v in row.ravel()) + (" # a comment\n" if comment else "\n") for row in arr)
+    return head + "".join(rows).encode()
+
+
+@pytest.mark.parametrize("kind,c", [("P5", 1), ("P6", 3), ("P2", 1), ("P3", 3)])
+@pytest.mark.parametrize("maxval", [65535, 4095, 300])
+def test_a_16_bit_pgm_or_ppm_is_read_whole(tmp_path, kind, c, maxval):
+    """0.10.6: a PGM or PPM with samples above 8 bits (dcraw's 16-bit output). Pillow gives a PPM's as 8-bit
+    RGB (scaled to 0 - 255: its low bits were lost without a word) and a PGM's as mode I, which was refused
+    as 32-bit. Now both are 16-bit images: maxval 65535 as stored, another scaled to 0 - 65535 as Pillow
+    scales a grey one; the round trip gives those samples back, in a 16-bit PNG."""
+    arr = RNG.integers(0, maxval + 1, (5, 7, c))
+    p = tmp_path / ("a.pgm" if c == 1 else "a.ppm")
+    p.write_bytes(_pnm(kind, arr[..., 0] if c == 1 else arr, maxval, comment=kind in ("P2", "P3")))
+    with Image.open(p) as im:
+        assert im.mode == ("I" if c == 1 else "RGB")  # what Pillow gives
+    src = images.load_image(p)
+    want = arr if maxval == 65535 else np.rint(arr * (65535 / maxval))  # Pillow's scaling of grey samples
+    assert src.mode == MODES[c] and np.array_equal(images.to_array(src), want)
+    if c == 1:
+        with Image.open(p) as im:
+            assert np.array_equal(images.to_array(src)[..., 0], np.asarray(im))
+    data, _ = api.compress([src], None, fallback="seed")
+    (back,) = api.decompress(data)
+    assert np.array_equal(images.to_array(back), want)
+    out = tmp_path / "out.png"
+    out.write_bytes(images.encode_source(back, ".png"))
+    assert np.array_equal(images.to_array(images.load_image(out)), want)
+
+
+def test_8_bit_pgm_and_ppm_are_read_as_before(tmp_path):
+    """maxval 255 and below: Pillow's 8-bit modes (a maxval below 255 scaled up by Pillow), as before."""
+    for kind, c, maxval in (("P5", 1, 255), ("P6", 3, 255), ("P6", 3, 15), ("P3", 3, 100)):
+        arr = RNG.integers(0, maxval + 1, (4, 6, c))
+        p = tmp_path / "a.pnm"
+        head = f"{kind}\n6 4\n{maxval}\n".encode()
+        p.write_bytes(head + (arr.astype(np.uint8).tobytes() if kind in ("P5", "P6")
+                              else " ".join(str(v) for v in arr.ravel()).encode()))
+        src = images.load_image(p)
+        with Image.open(p) as im:
+            assert src.mode == im.mode and np.array_equal(images.to_array(src), np.asarray(im))
+
+
+def test_a_damaged_16_bit_ppm_is_refused(tmp_path):
+    arr = RNG.integers(0, 65536, (5, 7, 3))
+    good = _pnm("P6", arr, 65535)
+    for bad, words in ((good[:-3], "truncated"), (_pnm("P3", arr // 2, 1000), "maxval"),
+                       (_pnm("P3", arr, 65535).replace(b" 1", b" x", 1), "not a number")):
+        p = tmp_path / "bad.ppm"
+        p.write_bytes(bad)
+        with pytest.raises(SfcError, match=words):
+            images.load_image(p)
+
+
 def test_a_16_bit_grey_tiff_is_read():
     g = smooth16(9, 10, 1)[..., 0]
     import io
