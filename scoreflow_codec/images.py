@@ -368,6 +368,61 @@ def _preview_only(img: Image.Image) -> str | None:
     return None
 
 
+_CUT_ADVICE = "save it as a 16-bit PNG or TIFF first"
+
+
+def _cut_depth(p: Path, img: Image.Image) -> str | None:
+    """Why Pillow would hand over fewer bits than the file holds (0.10.6), else None: a JPEG 2000 image of
+    more than 8 bits per sample in colour (or grey + alpha), or more than 16 in grey (Pillow: 8-bit RGB /
+    LA, 16-bit grey), and an AVIF of more than 8 (Pillow decodes every one to 8 bits). Before, those 8 bits
+    were coded and reported as a success: the rest of each sample lost without a word."""
+    if img.format == "JPEG2000":
+        bits = _j2k_bits(p)
+        most = 16 if img.mode == "I;16" else 8
+    elif img.format == "AVIF":
+        bits, most = _avif_bits(p), 8
+    else:
+        return None
+    if bits is None or bits <= most:
+        return None
+    what = "an AVIF" if img.format == "AVIF" else "a JPEG 2000"
+    return f"{what} image of {bits} bits per sample, which Pillow reads as {most}: {_CUT_ADVICE}"
+
+
+def _find(p: Path, marker: bytes, limit: int | None = None) -> bytes:
+    """The bytes of the file from the first `marker` on (64 of them), b"" where none (within `limit`)."""
+    import mmap
+
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        at = m.find(marker, 0, len(m) if limit is None else min(limit, len(m)))
+        return b"" if at < 0 else m[at:at + 64]
+
+
+def _j2k_bits(p: Path) -> int | None:
+    """The most bits of a component in a JPEG 2000 file's codestream (its SIZ marker segment, right after
+    the codestream's SOC: Ssiz per component, bits - 1 in its low 7 bits), None where it is not found."""
+    siz = _find(p, b"\xff\x4f\xff\x51")[2:]  # from Lsiz on
+    if len(siz) < 41:
+        return None
+    n = int.from_bytes(siz[38:40], "big")
+    ssiz = siz[40:40 + 3 * n:3]
+    return max((b & 0x7F) + 1 for b in ssiz) if ssiz else None
+
+
+def _avif_bits(p: Path) -> int | None:
+    """An AVIF's bits per channel: its 'pixi' box (bits of each channel), else its AV1 configuration
+    ('av1C': 12 where twelve_bit, 10 where high_bitdepth, else 8); None where neither is in its first 1 MiB
+    (the boxes that describe the image come before its data)."""
+    pixi = _find(p, b"pixi", 1 << 20)
+    if len(pixi) >= 9 and pixi[8] and len(pixi) >= 9 + pixi[8]:
+        return max(pixi[9:9 + pixi[8]])
+    av1c = _find(p, b"av1C", 1 << 20)
+    if len(av1c) >= 7:
+        flags = av1c[6]
+        return 12 if flags & 0x20 else 10 if flags & 0x40 else 8
+    return None
+
+
 def _is_sfc(path: Path) -> bool:
     from .container import MAGIC
 
@@ -461,7 +516,7 @@ def _load_image(p: Path) -> SourceImage:
     try:
         with Image.open(p) as img:
             _check_size(*img.size)  # before any pixel is decoded
-            why = _preview_only(img)
+            why = _preview_only(img) or _cut_depth(p, img)
             if why:
                 raise UnsupportedImageError(why)
             wide, how = _wide_rawmode(img), dp.wide_colour(img)

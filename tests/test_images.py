@@ -273,6 +273,32 @@ def test_tiffs_of_several_pages_are_refused_as_such(tmp_path):
     assert "animated" not in str(e)
 
 
+def test_more_bits_than_pillow_reads_are_refused(tmp_path):
+    """0.10.6: a JPEG 2000 image of more than 8 bits per sample in colour (16 in grey) and an AVIF of more
+    than 8, which Pillow hands over as 8-bit: refused, where they were coded as those 8 bits and reported
+    as a success. 8-bit ones, and a 16-bit grey JPEG 2000 (Pillow's I;16), are coded as before."""
+    imagecodecs = pytest.importorskip("imagecodecs", reason="imagecodecs (the test extra) writes the files")
+    rgb16 = RNG.integers(0, 65536, (12, 10, 3)).astype(np.uint16)
+    cases = [("a.jp2", imagecodecs.jpeg2k_encode(rgb16, level=0), "JPEG 2000 image of 16 bits", "RGB"),
+             ("b.jp2", imagecodecs.jpeg2k_encode(rgb16[..., :2], level=0), "JPEG 2000 image of 16 bits", "LA")]
+    if imagecodecs.AVIF.available:
+        ten = (rgb16 >> 6).astype(np.uint16)
+        cases.append(("c.avif", imagecodecs.avif_encode(ten, level=100, bitspersample=10), "AVIF image of 10 bits",
+                      "RGB"))
+    for name, data, words, mode in cases:
+        path = tmp_path / name
+        path.write_bytes(data)
+        with Image.open(path) as im:
+            assert im.mode == mode and np.asarray(im).dtype == np.uint8  # what Pillow gives: 8 bits
+        _refused(path, UnsupportedImageError, words, "16-bit PNG or TIFF")
+    grey = _write(tmp_path, "g.jp2", Image.fromarray(rgb16[..., 0]))
+    assert np.array_equal(images.to_array(images.load_image(grey))[..., 0], rgb16[..., 0])
+    for name, kw in (("d.jp2", {"irreversible": False}), ("e.avif", {"quality": 90})):
+        path = _write(tmp_path, name, Image.fromarray(_rgb(12, 10)), **kw)
+        with Image.open(path) as im:
+            assert np.array_equal(images.to_array(images.load_image(path)), np.asarray(im))
+
+
 def test_multi_picture_jpegs_are_refused_as_such(tmp_path):
     """A phone's MPO (a JPEG with a second picture after the first): not an animation, and said so."""
     pics = [Image.fromarray(_rgb(8, 8)) for _ in range(2)]
