@@ -1324,11 +1324,18 @@ def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceIm
     if len(sources) != len(decoded):
         raise DecodeMismatchError("decoded a different number of images than were encoded")
     for i, (a, b) in enumerate(zip(sources, decoded)):
-        if a.mode != b.mode or a.size != b.size or not np.array_equal(imgs.to_array(a), imgs.to_array(b)):
+        if a.mode != b.mode or a.size != b.size or not np.array_equal(imgs.to_array(a), imgs.to_array(b)) \
+                or not a.deep and _look(imgs.to_pil(a)) != _look(imgs.to_pil(b)):
             raise DecodeMismatchError(f"image {i}: decoded pixels differ from the input; nothing was written")
         if a.metadata != b.metadata:
             raise DecodeMismatchError(f"image {i}: decoded metadata (ICC, EXIF ...) differs from the input; "
                                       "nothing was written")
+
+
+def _look(img) -> tuple:
+    """What makes an image look as it does beside its pixel values (check_identical, 0.10.6): its palette
+    and its transparency (a palette's, or a transparent colour's)."""
+    return img.getpalette() if img.mode in ("P", "PA") else None, img.info.get("transparency")
 
 
 # --- evaluation: the model's bits/dim (bound, ODE NLL) on images -------------------------------

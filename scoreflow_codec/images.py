@@ -271,6 +271,16 @@ def palette_as_indices(src: SourceImage) -> SourceImage | None:
     return alt
 
 
+def _low_grey_bits(img: Image.Image) -> int | None:
+    """2 or 4 for a grey PNG of 2 or 4 bits a pixel, else None. Pillow gives its pixels scaled to 0 - 255
+    (x 85, x 17) but its transparent colour (tRNS) as stored: _load_image scales that too (0.10.6), so the
+    8-bit PNG written back keeps the same pixels transparent (Pillow's own save would not)."""
+    if img.format != "PNG" or img.mode != "L":
+        return None
+    raw = {dp.rawmode(t) for t in getattr(img, "tile", None) or []}
+    return {"L;2": 2, "L;4": 4}.get(raw.pop()) if len(raw) == 1 else None
+
+
 def _pnm_wide(p: Path, img: Image.Image) -> np.ndarray | None:
     """uint16 [H, W, 1 or 3]: the samples of a PGM or PPM (binary or plain) whose maxval is above 255, as
     Pillow gives a grey one (mode I: maxval 65535 as stored, another scaled to 0 - 65535 by Pillow's
@@ -535,8 +545,11 @@ def _load_image(p: Path) -> SourceImage:
                 raise UnsupportedImageError(f"{wide} samples are not supported: 16-bit colour is read from PNG and "
                                             "TIFF files of one picture, interleaved (save it as a 16-bit PNG)")
             else:
+                low = _low_grey_bits(img)
                 img.load()
                 src = from_pil(img)
+                if low and "transparency" in src.meta:
+                    src.meta["transparency"] *= 255 // ((1 << low) - 1)
             src.not_kept = md.unkept(img)
             return src
     except BadImageError as e:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from scoreflow_codec import api, images
-from scoreflow_codec.errors import BadImageError, SfcError, UnsupportedImageError
+from scoreflow_codec.errors import BadImageError, DecodeMismatchError, SfcError, UnsupportedImageError
 
 from coding_models import loaded_gaussian
 
@@ -124,6 +124,41 @@ def test_file_round_trip_is_bit_exact(model, tmp_path, case):
     out.write_bytes(images.encode_image(restored, ".png"))
     again, _ = _reopen(out)
     _assert_same_image(orig, info, again)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_a_low_bit_grey_pngs_transparent_colour_keeps_its_pixels(model, tmp_path, bits):
+    """A 2- or 4-bit grey PNG: Pillow gives its pixels scaled to 0 - 255 but its tRNS colour as stored; the
+    colour is scaled as they are (0.10.6), so the 8-bit PNG written back has the same pixels transparent."""
+    step = 255 // ((1 << bits) - 1)
+    raw = RNG.integers(0, 1 << bits, (9, 11)).astype(np.uint8)
+    raw[0, 0] = 1
+    path = _write(tmp_path, "low.png", Image.fromarray(raw * step, "L"), bits=bits, transparency=1)
+    with Image.open(path) as im:
+        assert im.tile[0].args == f"L;{bits}" and im.info["transparency"] == 1  # as stored
+    (back,) = _round_trip(model, [images.load_image(path)])
+    out = tmp_path / "out.png"
+    out.write_bytes(images.encode_image(images.to_pil(back), ".png"))
+    with Image.open(out) as im:
+        assert im.info["transparency"] == step and np.array_equal(np.asarray(im), raw * step)
+        alpha = np.asarray(im.convert("LA"))[..., 1]
+    assert np.array_equal(alpha == 0, raw == 1)
+
+
+def test_check_identical_compares_palette_and_transparency():
+    """api.check_identical (verify, and the tests' round trips) sees an image as it looks: since 0.10.6 its
+    palette and its transparency too, not only its pixel values (a palette's indices, a grey level)."""
+    grey = images.from_pil(Image.fromarray(RNG.integers(0, 256, (5, 6), np.uint8), "L"))
+    keyed = replace(grey, meta={**grey.meta, "transparency": 7})
+    api.check_identical([keyed], [replace(keyed, meta=dict(keyed.meta))])
+    for a, b in ((grey, keyed), (keyed, replace(keyed, meta={**keyed.meta, "transparency": 8}))):
+        with pytest.raises(DecodeMismatchError, match="pixels differ"):
+            api.check_identical([a], [b])
+    pal = images.from_pil(_palette_image(9, 7, palette=RNG.permutation(256)[:51].astype(np.uint8).tobytes()))
+    other = bytearray(bytes.fromhex(pal.meta["palette"]))
+    other[-1] ^= 1  # the 17th colour's blue, which no pixel uses (indices 0 - 15): the pixels' colours stay
+    with pytest.raises(DecodeMismatchError, match="pixels differ"):
+        api.check_identical([pal], [replace(pal, meta={**pal.meta, "palette": other.hex()})])
 
 
 def test_palette_with_alpha_channel_PA(model):
