@@ -1041,7 +1041,7 @@ def _validate_fields(h: dict) -> None:
             deep.check(m.get("deep"))
         elif "deep" in m:
             raise BadFileError("corrupt header: a 16-bit description on an 8-bit image")
-        if mode in ("L", "1", "RGB") and "transparency" in m:  # a PNG's transparent colour (0.10.6)
+        if mode in ("L", "1", "RGB", "L;16", "RGB;16") and "transparency" in m:  # a PNG's transparent colour
             try:
                 imgs.checked_colour_key(mode, m["transparency"])
             except SfcError as e:
@@ -1325,7 +1325,8 @@ def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceIm
         raise DecodeMismatchError("decoded a different number of images than were encoded")
     for i, (a, b) in enumerate(zip(sources, decoded)):
         if a.mode != b.mode or a.size != b.size or not np.array_equal(imgs.to_array(a), imgs.to_array(b)) \
-                or not a.deep and _look(imgs.to_pil(a)) != _look(imgs.to_pil(b)):
+                or (a.meta.get("transparency") != b.meta.get("transparency") if a.deep
+                    else _look(imgs.to_pil(a)) != _look(imgs.to_pil(b))):
             raise DecodeMismatchError(f"image {i}: decoded pixels differ from the input; nothing was written")
         if a.metadata != b.metadata:
             raise DecodeMismatchError(f"image {i}: decoded metadata (ICC, EXIF ...) differs from the input; "

@@ -254,10 +254,11 @@ def _filtered(rows: np.ndarray, bpp: int, only: int | None = None) -> bytes:
     return np.concatenate([best.astype(np.uint8)[:, None], lines], axis=1).tobytes()
 
 
-def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> bytes:
+def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None, key=None) -> bytes:
     """A 16-bit PNG of uint16 [H, W, C] (mode in MODES) with as much of `metadata` as a PNG holds
     (all of it): the chunks Pillow writes for it, our IHDR and IDAT, and its other PNG chunks
-    (metadata.png_with_chunks)."""
+    (metadata.png_with_chunks); key: a grey or RGB image's transparent colour (an int, or three), its
+    tRNS chunk before the IDAT (0.10.6)."""
     h, w = arr.shape[:2]
     c = MODES[mode]
     if arr.dtype != np.uint16 or arr.shape != (h, w, c):
@@ -273,6 +274,8 @@ def encode_png(arr: np.ndarray, mode: str, metadata: dict | None = None) -> byte
             out.append(_chunk(b"IHDR", ihdr))
         elif kind == b"IDAT":
             if idat is not None:
+                if key is not None:
+                    out.append(_chunk(b"tRNS", struct.pack(">3H", *key) if c == 3 else struct.pack(">H", key)))
                 out.append(_chunk(b"IDAT", idat))
                 idat = None
         else:

@@ -19,7 +19,7 @@ Modes coded:
                                     their high bits as above, the low bits in their own section
                                     (deep.py); `to_array` gives them, `encode_source` writes a PNG or TIFF
 Refused with a clear message: 32-bit / float (I, F), 16-bit colour other than PNG and TIFF (or a
-TIFF of several pictures or planes), 16-bit images with a transparent colour, CMYK, YCbCr, LAB, HSV,
+TIFF of several pictures or planes), CMYK, YCbCr, LAB, HSV,
 premultiplied (RGBa, La), animations, icons of several sizes (ICO, ICNS), and anything Pillow can't open
 (a .sfc file said to be one).
 """
@@ -153,10 +153,6 @@ def _check_size(w: int, h: int) -> None:
         raise UnsupportedImageError(f"image too large: {w}x{h} pixels (limit {MAX_PIXELS:,})")
 
 
-def _no_transparent_colour(img: Image.Image) -> None:
-    """A 16-bit image's tRNS colour is refused (grey through Pillow, colour read by deep.read_wide)."""
-    if "transparency" in img.info:
-        raise UnsupportedImageError("16-bit images with a transparent colour (tRNS) are not supported")
 
 
 def _pixels_from_pil(img: Image.Image) -> SourceImage:
@@ -180,8 +176,9 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
     _check_size(w, h)
     meta: dict = {}
     if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-        _no_transparent_colour(img)
-        return from_deep(np.asarray(img).astype(np.uint16)[:, :, None], "L;16")
+        src = from_deep(np.asarray(img).astype(np.uint16)[:, :, None], "L;16")
+        _colour_key(img, src.meta)  # a 16-bit grey PNG's transparent colour (0.10.6; refused before)
+        return src
     if mode in ("I", "F", "I;32"):
         raise UnsupportedImageError(f"{mode} images (32-bit or float) are not supported: 8 or 16 bits per channel")
     if mode in ("CMYK", "YCbCr", "LAB", "HSV"):
@@ -204,16 +201,17 @@ def _pixels_from_pil(img: Image.Image) -> SourceImage:
 
 def _colour_key(img: Image.Image, meta: dict) -> None:
     """A grey or RGB PNG's transparent colour (tRNS: the pixels of that value are transparent), in meta
-    as Pillow gives it (0.10.6; before, it was dropped without a word): an int for L and 1, [r, g, b]."""
+    as Pillow gives it (0.10.6; before, it was dropped without a word, and a 16-bit image's refused): an
+    int for grey, [r, g, b] (16-bit values in a 16-bit image's)."""
     tr = img.info.get("transparency")
     if tr is not None:
         meta["transparency"] = [int(v) for v in tr] if isinstance(tr, tuple) else int(tr)
 
 
 def checked_colour_key(mode: str, tr):
-    """meta["transparency"] of an L, 1 or RGB image read from a file's header: Pillow's value, or
-    BadImageError where a damaged header holds something else (the decoder then refuses the file)."""
-    n = 3 if mode == "RGB" else 1
+    """meta["transparency"] of an L, 1 or RGB image (or L;16, RGB;16) read from a file's header: Pillow's
+    value, or BadImageError where a damaged header holds something else (the decoder then refuses it)."""
+    n = 3 if mode in ("RGB", "RGB;16") else 1
     vals = tr if n == 3 and isinstance(tr, list) else [tr] if n == 1 else None
     if vals is None or len(vals) != n or not all(type(v) is int and 0 <= v < 1 << 16 for v in vals):
         raise BadImageError(f"bad transparent colour {tr!r} for a {mode} image")
@@ -530,8 +528,6 @@ def _load_image(p: Path) -> SourceImage:
             if why:
                 raise UnsupportedImageError(why)
             wide, how = _wide_rawmode(img), dp.wide_colour(img)
-            if how:
-                _no_transparent_colour(img)
             pnm = _pnm_wide(p, img) if img.format == "PPM" else None
             if pnm is not None:
                 src = from_deep(pnm, "L;16" if pnm.shape[2] == 1 else "RGB;16")
@@ -541,6 +537,7 @@ def _load_image(p: Path) -> SourceImage:
                 arr, mode, kept = dp.read_wide(p, how)
                 src = from_deep(arr, mode)
                 src.metadata = kept
+                _colour_key(img, src.meta)  # a 48-bit PNG's transparent colour (0.10.6; refused before)
             elif wide:
                 raise UnsupportedImageError(f"{wide} samples are not supported: 16-bit colour is read from PNG and "
                                             "TIFF files of one picture, interleaved (save it as a 16-bit PNG)")
@@ -706,8 +703,11 @@ def encode_source(src: SourceImage, suffix: str) -> bytes:
         why = _cannot_hold(fmt, src.mode)
         if why:
             raise UnsupportedImageError(f"{why}, not {suffix!r}")
-        write = dp.encode_tiff if fmt == "TIFF" else dp.encode_png
-        return write(to_array(src), src.mode, src.metadata)
+        if fmt == "TIFF":
+            return dp.encode_tiff(to_array(src), src.mode, src.metadata)
+        key = src.meta.get("transparency")
+        return dp.encode_png(to_array(src), src.mode, src.metadata,
+                             None if key is None else checked_colour_key(src.mode, key))
     return encode_image(to_pil(src), suffix, src.metadata)
 
 

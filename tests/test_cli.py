@@ -1303,10 +1303,11 @@ def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
     if kind == "int32":
         Image.fromarray(_rng(0).integers(0, 2**31, (4, 4)).astype(np.int32), "I").save(p.with_suffix(".tif"))
         return p.with_suffix(".tif"), ["32-bit"]
-    if kind == "16bit_trns":  # a 16-bit PNG with a transparent colour
-        png = png16_by_hand(_rng(9).integers(0, 65536, (6, 5, 3), dtype=np.uint16), False)
-        p.write_bytes(with_chunk(png, b"tRNS", b"\0\1\0\2\0\3", before=b"IDAT"))
-        return p, ["16-bit", "transparent"]
+    if kind == "16bit_ppm_cut":  # a 16-bit PPM cut short (until 0.10.6 Pillow's 8 bits of it were coded)
+        samples = _rng(9).integers(0, 65536, (6, 5, 3)).astype(">u2").tobytes()
+        p = p.with_suffix(".ppm")
+        p.write_bytes(b"P6\n5 6\n65535\n" + samples[:-7])
+        return p, ["truncated"]
     if kind == "cmyk":
         Image.new("CMYK", (4, 4), (1, 2, 3, 4)).save(p.with_suffix(".tif"))
         return p.with_suffix(".tif"), ["CMYK"]
@@ -1332,7 +1333,7 @@ def _bad_image(kind: str, d: Path) -> tuple[Path, list[str]]:
     raise ValueError(kind)
 
 
-BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_trns", "dng",
+BAD_IMAGES = ["text", "empty", "truncated_png", "missing", "directory", "cmyk", "float", "int32", "16bit_ppm_cut", "dng",
               "nef", "ico", "icns", "sfc"]
 
 

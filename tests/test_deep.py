@@ -387,12 +387,34 @@ def test_16_bit_images_only_as_png_or_tiff():
         images.to_pil(src)
 
 
-def test_what_16_bit_input_is_refused(tmp_path):
+@pytest.mark.parametrize("c", [1, 3])
+def test_a_16_bit_pngs_transparent_colour_is_kept(tmp_path, c):
+    """A 16-bit grey or 48-bit RGB PNG with a transparent colour (tRNS: 16-bit values), refused until
+    0.10.6: coded, and written back into the 16-bit PNG (the same chunk); a TIFF output goes without it,
+    which decompress names (images.metadata_dropped); verify compares it (api.check_identical)."""
+    arr = RNG.integers(0, 65536, (6, 5, c), dtype=np.uint16)
+    key = (258, 772, 1286)[:c]
     p = tmp_path / "t.png"
+    p.write_bytes(with_chunk(png16_by_hand(arr, False), b"tRNS", struct.pack(f">{c}H", *key), before=b"IDAT"))
+    src = images.load_image(p)
+    assert src.mode == MODES[c] and src.meta["transparency"] == (list(key) if c == 3 else key[0])
+    data, _ = api.compress([src], None, fallback="seed")
+    (back,) = api.decompress(data)
+    api.check_identical([src], [back])
+    with pytest.raises(DecodeMismatchError):
+        api.check_identical([src], [replace(back, meta={k: v for k, v in back.meta.items() if k != "transparency"})])
+    out = tmp_path / "out.png"
+    out.write_bytes(images.encode_source(back, ".png"))
+    with Image.open(out) as im:
+        assert im.info["transparency"] == (key if c == 3 else key[0])
+    again = images.load_image(out)
+    assert np.array_equal(images.to_array(again), arr) and again.meta["transparency"] == src.meta["transparency"]
+    assert images.metadata_dropped({}, ".tif", back.meta) == ["transparency"]
+    assert images.metadata_dropped({}, ".png", back.meta) == []
+
+
+def test_what_16_bit_input_is_refused(tmp_path):
     arr = RNG.integers(0, 65536, (4, 4, 3), dtype=np.uint16)
-    p.write_bytes(with_chunk(png16_by_hand(arr, False), b"tRNS", b"\0\1\0\2\0\3", before=b"IDAT"))
-    with pytest.raises(UnsupportedImageError, match="transparent colour"):
-        images.load_image(p)
     two = tmp_path / "two.tif"  # a 16-bit TIFF of two pictures
     one = tiff16_by_hand(arr, 1, 1, "<")
     (tmp_path / "x.tif").write_bytes(one)
