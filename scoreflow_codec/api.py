@@ -1319,24 +1319,29 @@ def verify_is_cheap(sources: list[imgs.SourceImage], mode: str) -> bool:
 
 
 def check_identical(sources: list[imgs.SourceImage], decoded: list[imgs.SourceImage]) -> None:
-    """Pixel-exact comparison of what was read and what came back (as Pillow images; 16-bit ones as
-    their arrays), and of their metadata (ICC profile, EXIF ...)."""
+    """Pixel-exact comparison of what was read and what came back (as Pillow images, with their palette
+    and transparency since 0.10.6; 16-bit ones as their arrays and transparent colour), and of their
+    metadata (ICC profile, EXIF ...)."""
     if len(sources) != len(decoded):
         raise DecodeMismatchError("decoded a different number of images than were encoded")
     for i, (a, b) in enumerate(zip(sources, decoded)):
-        if a.mode != b.mode or a.size != b.size or not np.array_equal(imgs.to_array(a), imgs.to_array(b)) \
-                or (a.meta.get("transparency") != b.meta.get("transparency") if a.deep
-                    else _look(imgs.to_pil(a)) != _look(imgs.to_pil(b))):
+        if a.mode != b.mode or a.size != b.size or not _same_image(a, b):
             raise DecodeMismatchError(f"image {i}: decoded pixels differ from the input; nothing was written")
         if a.metadata != b.metadata:
             raise DecodeMismatchError(f"image {i}: decoded metadata (ICC, EXIF ...) differs from the input; "
                                       "nothing was written")
 
 
-def _look(img) -> tuple:
-    """What makes an image look as it does beside its pixel values (check_identical, 0.10.6): its palette
-    and its transparency (a palette's, or a transparent colour's)."""
-    return img.getpalette() if img.mode in ("P", "PA") else None, img.info.get("transparency")
+def _same_image(a: imgs.SourceImage, b: imgs.SourceImage) -> bool:
+    """check_identical's test of two images of one mode and size: their pixels, and (0.10.6) what makes
+    them look as they do beside their pixel values, a palette and a transparency (a palette's, or a
+    transparent colour's). One Pillow image each, as the pixels' comparison made before."""
+    if a.deep:
+        return np.array_equal(imgs.to_array(a), imgs.to_array(b)) and \
+            a.meta.get("transparency") == b.meta.get("transparency")
+    ia, ib = imgs.to_pil(a), imgs.to_pil(b)
+    look = [(im.getpalette() if im.mode in ("P", "PA") else None, im.info.get("transparency")) for im in (ia, ib)]
+    return np.array_equal(np.asarray(ia), np.asarray(ib)) and look[0] == look[1]
 
 
 # --- evaluation: the model's bits/dim (bound, ODE NLL) on images -------------------------------
