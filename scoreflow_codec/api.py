@@ -1041,7 +1041,7 @@ def _validate_fields(h: dict) -> None:
             deep.check(m.get("deep"))
         elif "deep" in m:
             raise BadFileError("corrupt header: a 16-bit description on an 8-bit image")
-        if mode in ("L", "1", "RGB", "L;16", "RGB;16") and "transparency" in m:  # a PNG's transparent colour
+        if mode not in ("P", "PA") and "transparency" in m:  # a PNG's transparent colour (0.10.6)
             try:
                 imgs.checked_colour_key(mode, m["transparency"])
             except SfcError as e:

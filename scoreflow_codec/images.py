@@ -208,10 +208,17 @@ def _colour_key(img: Image.Image, meta: dict) -> None:
         meta["transparency"] = [int(v) for v in tr] if isinstance(tr, tuple) else int(tr)
 
 
+# the modes that may have a transparent colour (_colour_key), and its number of samples
+COLOUR_KEY_MODES = {"L": 1, "1": 1, "RGB": 3, "L;16": 1, "RGB;16": 3}
+
+
 def checked_colour_key(mode: str, tr):
-    """meta["transparency"] of an L, 1 or RGB image (or L;16, RGB;16) read from a file's header: Pillow's
-    value, or BadImageError where a damaged header holds something else (the decoder then refuses it)."""
-    n = 3 if mode in ("RGB", "RGB;16") else 1
+    """meta["transparency"] of an image of COLOUR_KEY_MODES read from a file's header: Pillow's value, or
+    BadImageError where a damaged header holds something else, or one on an image of another mode (the
+    decoder then refuses it; a palette's transparency is another thing, to_pil's)."""
+    n = COLOUR_KEY_MODES.get(mode)
+    if n is None:
+        raise BadImageError(f"a transparent colour on an image of mode {mode}")
     vals = tr if n == 3 and isinstance(tr, list) else [tr] if n == 1 else None
     if vals is None or len(vals) != n or not all(type(v) is int and 0 <= v < 1 << 16 for v in vals):
         raise BadImageError(f"bad transparent colour {tr!r} for a {mode} image")

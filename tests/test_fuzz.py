@@ -268,6 +268,7 @@ HOSTILE = [  # header values re-packed with valid CRCs: each must be refused bef
     ("meta.0.transparency", [1, 2, 1 << 16], "transparent colour"),
     ("meta.0.transparency", [1, True, 3], "transparent colour"),
     ("meta.0.transparency", [1.0, 2, 3], "transparent colour"),
+    ("meta.1.transparency", 7, "transparent colour on an image of mode RGBA"),  # image 1: RGBA, none
 ]
 
 
